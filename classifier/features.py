@@ -1,0 +1,235 @@
+"""Request body -> RequestFeatures: the few facts the router decides on.
+
+Runs on every request, so it reads only the fields it needs, counts tokens
+once per text and never raises on odd-but-valid bodies (the gateway has
+already checked the types; anything unexpected here is simply ignored).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from classifier.tokens import TokenCounter
+
+__all__ = ["Endpoint", "RequestFeatures", "Workload", "extract_features"]
+
+# vLLM's /v1/completions defaults max_tokens to 16 (OpenAI's legacy default);
+# a guess above that would overstate the output of every such request.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")
+
+# Cheap markers of code, SQL or JSON, bounded so no input makes them slow. Each pattern starts with a literal, so `re`
+# skips ahead at C speed; a leading \b or one big alternation would try every
+# position and cost milliseconds on a long prompt.
+_CODE_LITERALS = ("```", "CREATE TABLE", "create table")
+_CODE_PATTERNS = tuple(
+    re.compile(p)
+    for p in (
+        r"def \w+\s*\(",
+        r"class \w+\s*[:({]",
+        r"function\s*\w*\s*\([^)]{0,200}\)\s*\{",
+        r'\{\s*"[^"\n]{1,80}"\s*:',
+    )
+)
+
+
+class Workload(StrEnum):
+    """Kind of request; a small fixed set because it is a Prometheus label."""
+
+    STRUCTURED = "structured"
+    CODE = "code"
+    CREATIVE = "creative"
+    LONG_CONTEXT = "long_context"
+    CHAT = "chat"
+
+
+class Endpoint(StrEnum):
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    endpoint: Endpoint
+    structured: bool
+    temperature: float
+    top_p: float | None
+    prompt_tokens: int
+    max_tokens: int | None
+    expected_output_tokens: int
+    stream: bool
+    n: int
+    code_like: bool
+    workload: Workload
+
+
+def extract_features(
+    body: Mapping[str, Any],
+    endpoint: Endpoint,
+    counter: TokenCounter,
+    *,
+    default_temperature: float = 1.0,
+    default_output_tokens: int = 256,
+    long_prompt_tokens: int = 2048,
+    creative_min_temperature: float = 1.0,
+) -> RequestFeatures:
+    """Extract the routing features of one already-validated request body.
+
+    The workload is the first that applies: structured; long_context
+    (prompt_tokens >= long_prompt_tokens); code; creative; chat. Creative needs
+    a temperature the client set explicitly at or above
+    creative_min_temperature: a request that leaves temperature out gets the
+    server's default (often 1.0), which says nothing about the task.
+    """
+    texts = list(_chat_texts(body) if endpoint is Endpoint.CHAT else _prompt_texts(body))
+    prompt_tokens = _token_ids_len(body) if endpoint is Endpoint.COMPLETIONS else 0
+    prompt_tokens += sum(counter.count(t) for t in texts if t)
+    code_like = any(_is_code_like(t) for t in texts)
+
+    raw_temperature = _number(body.get("temperature"))
+    temperature = default_temperature if raw_temperature is None else raw_temperature
+    max_tokens = _int(body.get("max_completion_tokens"))
+    if max_tokens is None:
+        max_tokens = _int(body.get("max_tokens"))
+    if max_tokens is not None:
+        expected = max(0, max_tokens)
+    elif endpoint is Endpoint.COMPLETIONS:
+        expected = min(default_output_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    else:
+        expected = default_output_tokens
+    n = _int(body.get("n"))
+    structured = _is_structured(body)
+
+    if structured:
+        workload = Workload.STRUCTURED
+    elif prompt_tokens >= long_prompt_tokens:
+        workload = Workload.LONG_CONTEXT
+    elif code_like:
+        workload = Workload.CODE
+    elif raw_temperature is not None and raw_temperature >= creative_min_temperature:
+        workload = Workload.CREATIVE
+    else:
+        workload = Workload.CHAT
+
+    return RequestFeatures(
+        endpoint=endpoint,
+        structured=structured,
+        temperature=temperature,
+        top_p=_number(body.get("top_p")),
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        expected_output_tokens=expected,
+        stream=body.get("stream") is True,
+        n=n if n is not None and n >= 1 else 1,
+        code_like=code_like,
+        workload=workload,
+    )
+
+
+def _is_structured(body: Mapping[str, Any]) -> bool:
+    """Constrained output: response_format, vLLM guided_*/structured_outputs, or tools."""
+    response_format = body.get("response_format")
+    if isinstance(response_format, Mapping):
+        kind = response_format.get("type")
+        if isinstance(kind, str) and kind != "text":
+            return True
+    if any(body.get(name) is not None for name in _GUIDED_FIELDS):
+        return True
+    outputs = body.get("structured_outputs")
+    if isinstance(outputs, Mapping) and any(v is not None for v in outputs.values()):
+        return True
+    tools = body.get("tools")
+    return isinstance(tools, list) and bool(tools) and body.get("tool_choice") != "none"
+
+
+def _chat_texts(body: Mapping[str, Any]) -> Iterator[str]:
+    """Every prompt string of a chat request: text content parts and tool-call arguments."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "text":
+                    text = part.get("text")
+                    if isinstance(text, str):
+                        yield text
+        tool_calls = message.get("tool_calls")
+        if isinstance(tool_calls, list):
+            for call in tool_calls:
+                function = call.get("function") if isinstance(call, Mapping) else None
+                if isinstance(function, Mapping):
+                    arguments = function.get("arguments")
+                    if isinstance(arguments, str):
+                        yield arguments
+
+
+def _prompt_texts(body: Mapping[str, Any]) -> Iterator[str]:
+    """The text prompts of a completions request (str or list of str)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        yield prompt
+    elif isinstance(prompt, list):
+        yield from (p for p in prompt if isinstance(p, str))
+
+
+def _token_ids_len(body: Mapping[str, Any]) -> int:
+    """Tokens of a completions prompt given as token ids (list of int, or of lists)."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list):
+        return 0
+    total = 0
+    for item in prompt:
+        if isinstance(item, int):
+            total += 1
+        elif isinstance(item, list):
+            total += len(item)
+    return total
+
+
+def _is_code_like(text: str) -> bool:
+    return (
+        any(m in text for m in _CODE_LITERALS)
+        or any(p.search(text) for p in _CODE_PATTERNS)
+        or _has_select_from(text)
+    )
+
+
+def _has_select_from(text: str) -> bool:
+    """SELECT then FROM within 300 chars, in linear time (a lazy regex is quadratic)."""
+    start = text.find("SELECT")
+    while start != -1:
+        end = text.find("FROM", start + 6)
+        if end == -1:
+            return False
+        if end - start <= 300:
+            return True
+        start = text.find("SELECT", end - 300)
+    return False
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # a JSON integer too large for a float
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value

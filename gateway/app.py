@@ -1,0 +1,87 @@
+"""The one app factory: `create_app(config)`, used by `specroute serve` and the tests.
+
+State lives under typed AppKeys and every resource (the ClientSession, the
+health prober) is opened and closed in a cleanup_ctx, so a test that builds
+an app gets exactly what production runs, and nothing leaks between apps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from classifier.policy import Policy, Route, RulesPolicy, StaticPolicy
+from classifier.tokens import TokenCounter, load_tiktoken_counter
+from gateway import handlers
+from gateway.backends import BackendPool
+from gateway.config import Config
+from gateway.errors import error_middleware
+from gateway.state import BACKENDS, CONFIG, METRICS, POLICY, SESSION, TOKENS
+from gateway.telemetry import Metrics
+
+
+def build_policy(config: Config) -> Policy:
+    name = config.routing.policy
+    if name == "static-speculative":
+        return StaticPolicy(Route.SPECULATIVE)
+    if name == "static-baseline":
+        return StaticPolicy(Route.BASELINE)
+    return RulesPolicy(config.routing.rules)
+
+
+def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.Application:
+    app = web.Application(
+        middlewares=[error_middleware],
+        client_max_size=config.server.max_body_bytes,
+    )
+    metrics = Metrics()
+    app[CONFIG] = config
+    app[METRICS] = metrics
+    app[BACKENDS] = BackendPool(config.backends, metrics)
+    app[POLICY] = build_policy(config)
+    app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)
+    app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_health_prober)
+    app.router.add_post("/v1/chat/completions", handlers.chat_completions)
+    app.router.add_post("/v1/completions", handlers.completions)
+    app.router.add_get("/v1/models", handlers.models)
+    app.router.add_get("/health", handlers.health)
+    app.router.add_get("/ready", handlers.ready)
+    app.router.add_get("/metrics", handlers.metrics)
+    return app
+
+
+async def _client_session(app: web.Application) -> AsyncIterator[None]:
+    upstream = app[CONFIG].upstream
+    connector = aiohttp.TCPConnector(
+        limit=upstream.pool_size * 2,  # two backends
+        limit_per_host=upstream.pool_size,
+        enable_cleanup_closed=False,
+    )
+    async with aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=upstream.connect_timeout_s, sock_read=upstream.read_timeout_s
+        ),
+        auto_decompress=False,
+    ) as session:
+        app[SESSION] = session
+        yield
+
+
+async def _health_prober(app: web.Application) -> AsyncIterator[None]:
+    upstream = app[CONFIG].upstream
+    task = asyncio.create_task(
+        app[BACKENDS].run_prober(
+            app[SESSION], upstream.health_interval_s, upstream.health_timeout_s
+        ),
+        name="specroute-health-prober",
+    )
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

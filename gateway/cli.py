@@ -1,0 +1,129 @@
+"""`specroute serve | emulate | demo`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from classifier.policy import Route
+from gateway.config import (
+    BackendConfig,
+    BackendsConfig,
+    Config,
+    ConfigError,
+    load_config,
+    normalize_backend_url,
+)
+from gateway.telemetry import configure_logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specroute", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument(
+        "--config", type=Path, default=None, help="config.toml (default: ./config.toml if present)"
+    )
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="ROUTE=URL",
+        help="speculative=URL or baseline=URL; overrides the config file",
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+    except ConfigError as exc:
+        print(f"specroute: {exc}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def resolve_config(
+    path: Path | None, host: str | None, port: int | None, backends: list[str]
+) -> Config:
+    """The config file, then the command-line overrides on top of it."""
+    overrides = _parse_backends(backends)
+    if path is None and Path("config.toml").exists():
+        path = Path("config.toml")
+    if path is not None:
+        config = load_config(path)
+    elif set(overrides) == set(Route):
+        config = Config(
+            backends=BackendsConfig(
+                speculative=BackendConfig(urls=(overrides[Route.SPECULATIVE],)),
+                baseline=BackendConfig(urls=(overrides[Route.BASELINE],)),
+            )
+        )
+    else:
+        raise ConfigError(
+            "config: no config file; pass --config, or --backend speculative=URL"
+            " and --backend baseline=URL"
+        )
+    backends_cfg = config.backends
+    for route, url in overrides.items():
+        backends_cfg = dataclasses.replace(
+            backends_cfg, **{route.value: dataclasses.replace(backends_cfg.of(route), urls=(url,))}
+        )
+    server = dataclasses.replace(
+        config.server,
+        host=host if host is not None else config.server.host,
+        port=port if port is not None else config.server.port,
+    )
+    return dataclasses.replace(config, backends=backends_cfg, server=server)
+
+
+def _parse_backends(items: list[str]) -> dict[Route, str]:
+    parsed: dict[Route, str] = {}
+    for item in items:
+        name, sep, url = item.partition("=")
+        try:
+            route = Route(name.strip())
+        except ValueError:
+            raise ConfigError(
+                f"--backend {item!r}: route must be speculative or baseline"
+            ) from None
+        if not sep:
+            raise ConfigError(f"--backend {item!r}: expected ROUTE=URL")
+        parsed[route] = normalize_backend_url(url.strip(), f"--backend {name}")
+    return parsed
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+
+    config = resolve_config(args.config, args.host, args.port, args.backend)
+    configure_logging(config.logging.level)
+    app = create_app(config)
+    print(
+        f"specroute gateway on http://{config.server.host}:{config.server.port}/v1 "
+        f"(speculative={','.join(config.backends.speculative.urls)} "
+        f"baseline={','.join(config.backends.baseline.urls)})",
+        file=sys.stderr,
+        flush=True,
+    )
+    # run_app leaves handler cancellation off; the gateway needs it so that a
+    # client disconnect cancels the upstream request and vLLM aborts it.
+    web.run_app(
+        app,
+        host=config.server.host,
+        port=config.server.port,
+        handler_cancellation=True,
+        print=None,
+        access_log=None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

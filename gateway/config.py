@@ -1,0 +1,216 @@
+"""config.toml -> frozen dataclasses.
+
+Every key is declared here once, with its type and default; an unknown key or a
+value of the wrong type stops the gateway at start with one line naming the key,
+because a typo that silently falls back to a default is the worst kind of
+misconfiguration for a router.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from classifier.policy import Route, RulesConfig
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the operator in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 4 * 1024 * 1024
+    allow_route_override: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    connect_timeout_s: float = 3.0
+    # Longest silence tolerated between two chunks of an answer: generation has
+    # no total deadline, but a stalled backend must not hold a client forever.
+    read_timeout_s: float = 300.0
+    pool_size: int = 256
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    urls: tuple[str, ...]
+    # Name of the environment variable that holds this backend's API key; the
+    # key itself never lives in config.toml.
+    api_key_env: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendsConfig:
+    speculative: BackendConfig
+    baseline: BackendConfig
+
+    def of(self, route: Route) -> BackendConfig:
+        return self.speculative if route is Route.SPECULATIVE else self.baseline
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    policy: str = "rules"
+    tokenizer: str = "cl100k_base"
+    default_temperature: float = 1.0
+    default_output_tokens: int = 256
+    long_prompt_tokens: int = 2048
+    rules: RulesConfig = field(default_factory=RulesConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig:
+    level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    backends: BackendsConfig
+    server: ServerConfig = field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+_POLICIES = ("rules", "static-speculative", "static-baseline")
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a config file."""
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+    return parse_config(raw)
+
+
+def parse_config(raw: Mapping[str, Any]) -> Config:
+    cfg: Config = _build(Config, raw, "")
+    _check(cfg)
+    return cfg
+
+
+def normalize_backend_url(url: str, key: str = "backends") -> str:
+    """Accept `http://h:p`, `http://h:p/` or `http://h:p/v1`; return the base."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"config: {key}: {url!r} is not an http(s) URL")
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def _check(cfg: Config) -> None:
+    positive = {
+        "server.port": cfg.server.port,
+        "server.max_body_bytes": cfg.server.max_body_bytes,
+        "upstream.connect_timeout_s": cfg.upstream.connect_timeout_s,
+        "upstream.read_timeout_s": cfg.upstream.read_timeout_s,
+        "upstream.pool_size": cfg.upstream.pool_size,
+        "upstream.health_interval_s": cfg.upstream.health_interval_s,
+        "upstream.health_timeout_s": cfg.upstream.health_timeout_s,
+        "routing.default_output_tokens": cfg.routing.default_output_tokens,
+        "routing.long_prompt_tokens": cfg.routing.long_prompt_tokens,
+        "routing.rules.prefill_ratio": cfg.routing.rules.prefill_ratio,
+        "routing.rules.spec_max_inflight": cfg.routing.rules.spec_max_inflight,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"config: {key} must be > 0, got {value}")
+    if cfg.server.port > 65535:
+        raise ConfigError(f"config: server.port must be <= 65535, got {cfg.server.port}")
+    if not 0.0 <= cfg.routing.default_temperature <= 2.0:
+        raise ConfigError("config: routing.default_temperature must be within [0, 2]")
+    if not 0.0 < cfg.routing.rules.spec_max_kv_usage <= 1.0:
+        raise ConfigError("config: routing.rules.spec_max_kv_usage must be within (0, 1]")
+    if cfg.routing.policy not in _POLICIES:
+        raise ConfigError(f"config: routing.policy must be one of {', '.join(_POLICIES)}")
+    if cfg.logging.level not in _LEVELS:
+        raise ConfigError(f"config: logging.level must be one of {', '.join(_LEVELS)}")
+    for route in Route:
+        backend = cfg.backends.of(route)
+        if not backend.urls:
+            raise ConfigError(f"config: backends.{route}.urls must list at least one URL")
+
+
+def _build(cls: type[Any], raw: Any, path: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config: {path or 'top level'} must be a table")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"config: unknown key {_join(path, key)!r}")
+    kwargs: dict[str, Any] = {}
+    for name, fld in known.items():
+        key = _join(path, name)
+        if name not in raw:
+            no_default = (
+                fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING
+            )
+            if no_default:
+                raise ConfigError(f"config: missing key {key!r}")
+            continue
+        kwargs[name] = _convert(hints[name], raw[name], key)
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(typing.cast(type[Any], hint), value, key)
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"config: {key} must be a list")
+        items = [_convert(item, v, key) for v in value]
+        if key.startswith("backends.") and key.endswith(".urls"):
+            items = [normalize_backend_url(v, key) for v in items]
+        return tuple(items)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            allowed = ", ".join(str(m.value) for m in hint)
+            raise ConfigError(f"config: {key} must be one of {allowed}, got {value!r}") from None
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"config: {key} must be a number, got {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config: {key} must be an integer, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config: {key} must be true or false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config: {key} must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"config: {key}: unsupported type {hint!r}")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key

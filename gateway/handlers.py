@@ -1,0 +1,188 @@
+"""HTTP handlers. The request path, in order: parse, features, decide, forward, record."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from classifier.features import Endpoint, RequestFeatures, extract_features
+from classifier.policy import Decision, Route
+from gateway.errors import APIError, error_response
+from gateway.outcome import record_outcome
+from gateway.proxy import Exchange, Target, forward
+from gateway.state import BACKENDS, CONFIG, METRICS, POLICY, SESSION, TOKENS
+from gateway.validation import parse_body
+
+ROUTE_HEADER = "x-specroute-route"
+REASON_HEADER = "x-specroute-reason"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_JSON_TYPES = ("application/json", "application/octet-stream")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, Endpoint.CHAT)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, Endpoint.COMPLETIONS)
+
+
+async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    started = time.perf_counter()
+    app = request.app
+    config = app[CONFIG]
+    request_id = _request_id(request)
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id, endpoint=endpoint.value)
+
+    exchange = Exchange(started=started)
+    features: RequestFeatures | None = None
+    decision: Decision | None = None
+    try:
+        raw = await _read_json_body(request)
+        body = parse_body(raw, endpoint)
+        features = extract_features(
+            body,
+            endpoint,
+            app[TOKENS],
+            default_temperature=config.routing.default_temperature,
+            default_output_tokens=config.routing.default_output_tokens,
+            long_prompt_tokens=config.routing.long_prompt_tokens,
+        )
+        decision = _override(request) or app[POLICY].decide(features, app[BACKENDS].live_state())
+        raw, strip_usage = _ask_for_usage(body, raw)
+        backend = app[BACKENDS].of(decision.route)
+        upstream = backend.pick()
+        headers = {
+            ROUTE_HEADER: decision.route.value,
+            REASON_HEADER: decision.reason,
+            "X-Request-Id": request_id,
+        }
+        with app[BACKENDS].track(backend, upstream):
+            return await forward(
+                request,
+                app[SESSION],
+                Target(upstream.url, decision.route.value, backend.headers),
+                raw,
+                exchange,
+                response_headers=headers,
+                strip_usage_chunk=strip_usage,
+                connect_timeout_s=config.upstream.connect_timeout_s,
+                read_timeout_s=config.upstream.read_timeout_s,
+            )
+    except APIError as exc:
+        exchange.status = exc.status
+        raise
+    except web.HTTPException as exc:
+        exchange.status = exc.status
+        raise
+    except asyncio.CancelledError:
+        exchange.error_kind = "client_disconnect"
+        raise
+    finally:
+        record_outcome(app[METRICS], features, decision, exchange)
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get("X-Request-Id", "")
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+async def _read_json_body(request: web.Request) -> bytes:
+    if request.content_type not in _JSON_TYPES and not request.content_type.endswith("+json"):
+        raise APIError(
+            415, f"unsupported content type {request.content_type!r}: send application/json"
+        )
+    return await request.read()
+
+
+def _override(request: web.Request) -> Decision | None:
+    wanted = request.headers.get(ROUTE_HEADER)
+    if wanted is None or not request.app[CONFIG].server.allow_route_override:
+        return None
+    try:
+        return Decision(route=Route(wanted.strip().lower()), reason="override")
+    except ValueError:
+        raise APIError(
+            400, f"{ROUTE_HEADER} must be 'speculative' or 'baseline'", param=ROUTE_HEADER
+        ) from None
+
+
+def _ask_for_usage(body: dict[str, Any], raw: bytes) -> tuple[bytes, bool]:
+    """Make a stream report its usage; return the body to send and whether to strip it.
+
+    vLLM reports token counts (and per-request speculative metrics) in a final
+    usage chunk only when asked. The gateway needs them to measure, so it asks;
+    if the client did not, that chunk is removed again on the way back.
+    """
+    if not body.get("stream"):
+        return raw, False
+    options = body.get("stream_options") or {}
+    if options.get("include_usage"):
+        return raw, False
+    patched = dict(body)
+    patched["stream_options"] = {**options, "include_usage": True}
+    return json.dumps(patched, separators=(",", ":")).encode(), True
+
+
+async def models(request: web.Request) -> web.Response:
+    """The union of the backends' models (they normally serve the same one)."""
+    app = request.app
+    session = app[SESSION]
+    timeout = app[CONFIG].upstream.health_timeout_s
+    urls = [(b, u.url) for b in app[BACKENDS] for u in b.upstreams]
+    answers = await asyncio.gather(
+        *(_get_models(session, url, b.headers, timeout) for b, url in urls)
+    )
+    seen: dict[str, dict[str, Any]] = {}
+    for data in answers:
+        for model in data or ():
+            seen.setdefault(str(model.get("id")), model)
+    if not any(a is not None for a in answers):
+        raise APIError(502, "no backend answered /v1/models", code="upstream_unavailable")
+    return web.json_response({"object": "list", "data": list(seen.values())})
+
+
+async def _get_models(
+    session: aiohttp.ClientSession, base_url: str, headers: dict[str, str], timeout_s: float
+) -> list[dict[str, Any]] | None:
+    try:
+        async with session.get(
+            f"{base_url}/v1/models",
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
+            if resp.status != 200:
+                return None
+            payload = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else None
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    app = request.app
+    any_up = await app[BACKENDS].probe_all(app[SESSION], app[CONFIG].upstream.health_timeout_s)
+    backends = {b.route.value: b.healthy for b in app[BACKENDS]}
+    if not any_up:
+        return error_response(503, f"no backend is healthy: {backends}", code="not_ready")
+    return web.json_response({"status": "ready", "backends": backends})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

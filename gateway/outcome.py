@@ -1,0 +1,75 @@
+"""What one request did, written once: metrics and the canonical log line."""
+
+from __future__ import annotations
+
+import structlog
+
+from classifier.features import RequestFeatures
+from classifier.policy import Decision
+from gateway.proxy import Exchange
+from gateway.telemetry import Metrics
+
+log = structlog.get_logger("specroute.request")
+
+
+def status_label(exchange: Exchange) -> str:
+    if exchange.error_kind == "client_disconnect":
+        return "client_disconnect"
+    if exchange.error_kind in ("upstream_broken", "upstream_stall") and exchange.status == 200:
+        return "stream_error"
+    if exchange.status == 0:
+        return "5xx"  # died before any status: counted as ours
+    return f"{exchange.status // 100}xx"
+
+
+def record_outcome(
+    metrics: Metrics,
+    features: RequestFeatures | None,
+    decision: Decision | None,
+    exchange: Exchange,
+) -> None:
+    """Runs in the handler's `finally`: also for cancelled and failed requests."""
+    route = decision.route.value if decision else "none"
+    workload = features.workload.value if features else "none"
+    status = status_label(exchange)
+    duration = exchange.duration_s
+    usage = exchange.usage or {}
+    completion_tokens = usage.get("completion_tokens")
+    prompt_tokens = usage.get("prompt_tokens")
+
+    metrics.requests.labels(route, workload, status).inc()
+    if decision is not None:
+        metrics.decisions.labels(route, decision.reason).inc()
+        if exchange.error_kind is not None and exchange.error_kind != "client_disconnect":
+            metrics.upstream_errors.labels(route, exchange.error_kind).inc()
+    tpot = None
+    if status == "2xx":
+        metrics.duration.labels(route, workload).observe(duration)
+        if isinstance(completion_tokens, int):
+            metrics.output_tokens.labels(route, workload).inc(completion_tokens)
+        if exchange.ttft_s is not None:
+            metrics.ttft.labels(route, workload).observe(exchange.ttft_s)
+            if isinstance(completion_tokens, int) and completion_tokens > 1:
+                tpot = (duration - exchange.ttft_s) / (completion_tokens - 1)
+                metrics.tpot.labels(route, workload).observe(tpot)
+
+    log.info(
+        "request",
+        route=route,
+        reason=decision.reason if decision else None,
+        workload=workload,
+        status=status,
+        http_status=exchange.status,
+        error=exchange.error_kind,
+        stream=features.stream if features else None,
+        prompt_tokens=prompt_tokens,
+        prompt_tokens_estimate=features.prompt_tokens if features else None,
+        completion_tokens=completion_tokens,
+        ttft_s=_round(exchange.ttft_s),
+        tpot_s=_round(tpot),
+        duration_s=_round(duration),
+    )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)

@@ -1,0 +1,254 @@
+"""Forward one request to one backend and stream its answer back unchanged.
+
+The answer's bytes are relayed as they arrive. The only event the gateway may
+drop is the usage-only chunk it asked for itself (the client did not ask for
+usage, the gateway needs it to measure); every other SSE event reaches the
+client byte for byte. A client that goes away cancels the handler, which closes
+the upstream connection: vLLM then aborts the generation instead of computing
+tokens nobody will read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gateway.errors import error_response, sse_error_event
+
+_EVENT_END = b"\n\n"
+_DONE = b"data: [DONE]"
+_FORWARDED_REQUEST_HEADERS = ("Content-Type", "Accept", "X-Request-Id", "User-Agent")
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What happened to one forwarded request; filled in as it goes."""
+
+    started: float
+    status: int = 0
+    ttft_s: float | None = None
+    finished: float | None = None
+    usage: dict[str, Any] | None = None
+    # The final usage chunk (stream) or whole body (non-stream), for the
+    # measurements that vLLM reports next to usage.
+    report: dict[str, Any] | None = None
+    error_kind: str | None = None
+    bytes_sent: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return (self.finished or time.perf_counter()) - self.started
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    base_url: str
+    name: str  # the backend's route name, for errors and metrics
+    headers: dict[str, str]
+
+
+async def forward(
+    request: web.Request,
+    session: aiohttp.ClientSession,
+    target: Target,
+    body: bytes,
+    exchange: Exchange,
+    *,
+    response_headers: dict[str, str],
+    strip_usage_chunk: bool,
+    connect_timeout_s: float,
+    read_timeout_s: float,
+) -> web.StreamResponse:
+    url = f"{target.base_url}{request.path}"
+    headers = {k: v for k in _FORWARDED_REQUEST_HEADERS if (v := request.headers.get(k))}
+    headers.update(target.headers)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+    )
+    try:
+        upstream = await session.post(url, data=body, headers=headers, timeout=timeout)
+    except (aiohttp.ClientConnectionError, OSError) as exc:
+        exchange.error_kind = "connect"
+        return _fail(
+            exchange, 502, f"backend {target.name} unreachable: {_why(exc)}", response_headers
+        )
+    except TimeoutError:
+        exchange.error_kind = "connect_timeout"
+        return _fail(
+            exchange,
+            504,
+            f"backend {target.name} did not accept the connection in time",
+            response_headers,
+        )
+    try:
+        is_sse = upstream.content_type == "text/event-stream"
+        if upstream.status == 200 and is_sse:
+            return await _relay_stream(
+                request, upstream, exchange, response_headers, strip_usage_chunk
+            )
+        return await _relay_whole(upstream, exchange, response_headers, target.name)
+    finally:
+        # On success the body was read to the end and the connection goes back
+        # to the pool; on cancellation or error it is closed, which is what
+        # makes vLLM abort the request.
+        upstream.close()
+
+
+async def _relay_whole(
+    upstream: aiohttp.ClientResponse,
+    exchange: Exchange,
+    response_headers: dict[str, str],
+    name: str,
+) -> web.StreamResponse:
+    try:
+        payload = await upstream.read()
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        exchange.error_kind = "upstream_broken"
+        return _fail(
+            exchange, 502, f"backend {name} broke the answer: {_why(exc)}", response_headers
+        )
+    except TimeoutError:
+        exchange.error_kind = "upstream_stall"
+        return _fail(exchange, 504, f"backend {name} stopped answering", response_headers)
+    exchange.status = upstream.status
+    if upstream.status == 200 and upstream.content_type == "application/json":
+        exchange.report = _loads(payload)
+        if exchange.report is not None and isinstance(exchange.report.get("usage"), dict):
+            exchange.usage = exchange.report["usage"]
+    elif upstream.status >= 500:
+        exchange.error_kind = "http_5xx"  # a 4xx is the client's, not the backend's, failure
+    headers = dict(response_headers)
+    headers["Content-Type"] = upstream.headers.get("Content-Type", "application/json")
+    exchange.finished = time.perf_counter()
+    exchange.bytes_sent = len(payload)
+    return web.Response(status=upstream.status, body=payload, headers=headers)
+
+
+async def _relay_stream(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    exchange: Exchange,
+    response_headers: dict[str, str],
+    strip_usage_chunk: bool,
+) -> web.StreamResponse:
+    response = web.StreamResponse(status=200, headers=response_headers)
+    response.content_type = "text/event-stream"
+    response.headers["Cache-Control"] = "no-cache"
+    exchange.status = 200
+    await response.prepare(request)
+    pending = b""
+    try:
+        async for data in upstream.content.iter_any():
+            pending += data
+            cut = pending.rfind(_EVENT_END)
+            if cut < 0:
+                continue
+            complete, pending = pending[: cut + 2], pending[cut + 2 :]
+            await _send(response, exchange, _inspect_events(complete, exchange, strip_usage_chunk))
+        await _send(response, exchange, pending)
+    except _ClientGone:
+        exchange.error_kind = "client_disconnect"
+        exchange.finished = time.perf_counter()
+        return response
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        await _end_stream_with_error(response, exchange, "upstream_broken", _why(exc))
+    except TimeoutError:
+        await _end_stream_with_error(response, exchange, "upstream_stall", "no data in time")
+    exchange.finished = time.perf_counter()
+    await response.write_eof()
+    return response
+
+
+class _ClientGone(Exception):
+    """The client closed its connection while we were writing to it."""
+
+
+async def _send(response: web.StreamResponse, exchange: Exchange, data: bytes) -> None:
+    if not data:
+        return
+    try:
+        await response.write(data)
+    except ConnectionResetError:
+        raise _ClientGone from None
+    exchange.bytes_sent += len(data)
+
+
+def _inspect_events(chunk: bytes, exchange: Exchange, strip_usage_chunk: bool) -> bytes:
+    """Note the first token and the usage; drop the usage chunk we asked for."""
+    if exchange.ttft_s is not None and b'"usage"' not in chunk:
+        return chunk  # the hot path: nothing to look at
+    kept: list[bytes] = []
+    for event in chunk.split(_EVENT_END)[:-1]:
+        event_bytes = event + _EVENT_END
+        if not event.startswith(b"data: ") or event.startswith(_DONE):
+            kept.append(event_bytes)
+            continue
+        parsed = None
+        if exchange.ttft_s is None or b'"usage"' in event:
+            parsed = _loads(event[6:])
+        if parsed is not None:
+            if exchange.ttft_s is None and _has_token(parsed):
+                exchange.ttft_s = time.perf_counter() - exchange.started
+            usage = parsed.get("usage")
+            if isinstance(usage, dict):
+                exchange.usage = usage
+                exchange.report = parsed
+                if strip_usage_chunk and not parsed.get("choices"):
+                    continue
+        kept.append(event_bytes)
+    return b"".join(kept)
+
+
+def _has_token(chunk: dict[str, Any]) -> bool:
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and any(
+            delta.get(k) for k in ("content", "tool_calls", "reasoning_content", "reasoning")
+        ):
+            return True
+    return False
+
+
+async def _end_stream_with_error(
+    response: web.StreamResponse, exchange: Exchange, kind: str, why: str
+) -> None:
+    exchange.error_kind = kind
+    exchange.status = 502
+    event = sse_error_event(f"backend stream interrupted: {why}", code=kind)
+    try:
+        await response.write(event)
+    except ConnectionResetError:
+        exchange.error_kind = "client_disconnect"
+
+
+def _fail(
+    exchange: Exchange, status: int, message: str, response_headers: dict[str, str]
+) -> web.Response:
+    exchange.status = status
+    exchange.finished = time.perf_counter()
+    code = exchange.error_kind
+    return error_response(status, message, code=code, headers=response_headers)
+
+
+def _loads(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,103 @@
+"""Prometheus metrics (one registry per app) and structlog set-up.
+
+Labels are deliberately few and bounded: route, workload, reason, backend and
+status class. A label per user, model string or prompt would make every
+dashboard query slow and every Prometheus server unhappy.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Generation latencies run from tens of milliseconds to minutes.
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30)
+_TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
+
+
+class Metrics:
+    """Every metric the gateway exports, bound to its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "specroute_requests",
+            "Requests answered, by route, workload and status class.",
+            ["route", "workload", "status"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "specroute_route_decisions",
+            "Routing decisions, by route and reason.",
+            ["route", "reason"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "specroute_request_duration_seconds",
+            "End-to-end request latency seen by the gateway.",
+            ["route", "workload"],
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "specroute_time_to_first_token_seconds",
+            "Time to the first generated token of streamed answers.",
+            ["route", "workload"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "specroute_time_per_output_token_seconds",
+            "Time per output token after the first, of streamed answers.",
+            ["route", "workload"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "specroute_output_tokens",
+            "Completion tokens reported by the backends.",
+            ["route", "workload"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "specroute_inflight_requests",
+            "Requests the gateway is forwarding now, by backend.",
+            ["backend"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "specroute_upstream_errors",
+            "Failures talking to a backend, by kind.",
+            ["backend", "kind"],
+            registry=r,
+        )
+        self.backend_up = Gauge(
+            "specroute_backend_up",
+            "1 if the backend answered its last health probe.",
+            ["backend"],
+            registry=r,
+        )
+
+
+def configure_logging(level: str = "info", *, json: bool = True) -> None:
+    """Configure structlog once, at process start: contextvars first, JSON last."""
+    processors: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(),
+    ]
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )

@@ -1,0 +1,136 @@
+"""Parse a request body once and reject what no backend could serve.
+
+Only the fields the gateway reads (to route or to measure) are checked here;
+everything else is the backend's business and passes through untouched, so
+vLLM's own validation and messages still apply to it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from classifier.features import Endpoint
+from gateway.errors import APIError
+
+_MAX_INT = 2**31 - 1
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
+    """The request as a dict, or an APIError(400) that says what is wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise APIError(400, "request body is not valid UTF-8") from None
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    if endpoint is Endpoint.CHAT:
+        _check_messages(body)
+    else:
+        _check_prompt(body)
+    _check_common(body)
+    return body
+
+
+def _check_messages(body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if messages is None:
+        raise APIError(400, "'messages' is a required property", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "'messages' must be a non-empty array", param="messages")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise APIError(400, f"{where} must be an object", param=where)
+        if not isinstance(message.get("role"), str):
+            raise APIError(400, f"{where}.role must be a string", param=f"{where}.role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise APIError(
+                400, f"{where}.content must be a string or an array", param=f"{where}.content"
+            )
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict):
+                    raise APIError(
+                        400,
+                        f"{where}.content[{j}] must be an object",
+                        param=f"{where}.content[{j}]",
+                    )
+
+
+def _check_prompt(body: dict[str, Any]) -> None:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise APIError(400, "'prompt' is a required property", param="prompt")
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return
+        if all(_is_int(p) for p in prompt):
+            return
+        if all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt):
+            return
+    raise APIError(
+        400,
+        "'prompt' must be a string, an array of strings, or an array of token ids",
+        param="prompt",
+    )
+
+
+def _check_common(body: dict[str, Any]) -> None:
+    _optional(body, "model", str, "a string")
+    _optional(body, "stream", bool, "a boolean")
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = body.get(name)
+        if value is not None and not (_is_number(value) and math.isfinite(value)):
+            raise APIError(400, f"'{name}' must be a number", param=name)
+    temperature = body.get("temperature")
+    if temperature is not None and temperature < 0:
+        raise APIError(400, "'temperature' must be >= 0", param="temperature")
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not _is_int(value):
+            raise APIError(400, f"'{name}' must be an integer", param=name)
+        if not 0 <= value <= _MAX_INT:
+            raise APIError(400, f"'{name}' must be between 0 and {_MAX_INT}", param=name)
+    if body.get("n") == 0:
+        raise APIError(400, "'n' must be >= 1", param="n")
+    _optional(body, "stream_options", dict, "an object")
+    options = body.get("stream_options")
+    if options:
+        _optional(options, "include_usage", bool, "a boolean", prefix="stream_options.")
+        _optional(options, "continuous_usage_stats", bool, "a boolean", prefix="stream_options.")
+    _optional(body, "response_format", dict, "an object")
+    response_format = body.get("response_format")
+    if response_format is not None and not isinstance(response_format.get("type"), str):
+        raise APIError(400, "'response_format.type' must be a string", param="response_format")
+    _optional(body, "tools", list, "an array")
+
+
+def _optional(body: dict[str, Any], name: str, kind: type, what: str, *, prefix: str = "") -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    if (kind is not bool and isinstance(value, bool)) or not isinstance(value, kind):
+        raise APIError(400, f"'{prefix}{name}' must be {what}", param=f"{prefix}{name}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,0 +1,135 @@
+"""A small real HTTP server that answers like vLLM's OpenAI server, for gateway tests.
+
+It is deliberately dumb (fixed words, one chunk per word) and records what it
+received and sent, so a test can compare the gateway's output with the bytes
+the upstream produced and see whether the upstream saw a disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+WORDS = ["Hello", " from", " the", " fake", " upstream", "."]
+
+
+@dataclass
+class FakeUpstream:
+    name: str
+    model: str = "fake-model"
+    fail_status: int | None = None  # answer every generation with this status
+    chunk_delay_s: float = 0.0
+    words: list[str] = field(default_factory=lambda: list(WORDS))
+    healthy: bool = True
+    received: list[dict[str, Any]] = field(default_factory=list)
+    sent_streams: list[bytes] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        card = {"id": self.model, "object": "model", "owned_by": "vllm", "root": self.name}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(body)
+        self.arrived.set()
+        chat = request.path.endswith("/chat/completions")
+        if self.fail_status is not None:
+            error = {
+                "error": {
+                    "message": f"{self.name} fails on purpose",
+                    "type": "BadRequestError" if self.fail_status < 500 else "InternalError",
+                    "param": None,
+                    "code": self.fail_status,
+                }
+            }
+            return web.json_response(error, status=self.fail_status)
+        words = self.words[: body.get("max_tokens") or len(self.words)]
+        usage = {
+            "prompt_tokens": 7,
+            "total_tokens": 7 + len(words),
+            "completion_tokens": len(words),
+        }
+        try:
+            if not body.get("stream"):
+                await asyncio.sleep(self.chunk_delay_s * len(words))
+                return web.json_response(self._whole(chat, words, usage))
+            return await self._stream(request, body, chat, words, usage)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    def _whole(self, chat: bool, words: list[str], usage: dict[str, int]) -> dict[str, Any]:
+        text = "".join(words)
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": "stop"}
+        return {
+            "id": f"{self.name}-1",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": 1,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        }
+
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        chat: bool,
+        words: list[str],
+        usage: dict[str, int],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        sent = bytearray()
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        head = {"id": f"{self.name}-1", "object": kind, "created": 1, "model": self.model}
+        chunks: list[dict[str, Any]] = []
+        if chat:
+            chunks.append({"index": 0, "delta": {"role": "assistant", "content": ""}})
+        for i, word in enumerate(words):
+            last = i == len(words) - 1
+            piece: dict[str, Any] = {"index": 0, "finish_reason": "stop" if last else None}
+            if chat:
+                piece["delta"] = {"content": word}
+            else:
+                piece["text"] = word
+            chunks.append(piece)
+        for choice in chunks:
+            if self.chunk_delay_s:
+                await asyncio.sleep(self.chunk_delay_s)
+            event = b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n"
+            sent += event
+            await response.write(event)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            event = b"data: " + json.dumps({**head, "choices": [], "usage": usage}).encode()
+            sent += event + b"\n\n"
+            await response.write(event + b"\n\n")
+        sent += b"data: [DONE]\n\n"
+        await response.write(b"data: [DONE]\n\n")
+        self.sent_streams.append(bytes(sent))
+        await response.write_eof()
+        return response

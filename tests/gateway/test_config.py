@@ -1,0 +1,104 @@
+"""config.toml parsing: defaults, overrides, and one-line errors that name the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from classifier.policy import Route
+from gateway.cli import resolve_config
+from gateway.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2/v1/"]}}
+
+
+def test_shipped_config_toml_is_valid() -> None:
+    config = load_config(ROOT / "config.toml")
+    assert config.backends.speculative.urls == ("http://127.0.0.1:8001",)
+    assert config.routing.rules.default_route is Route.SPECULATIVE
+
+
+def test_urls_are_normalised_with_or_without_v1() -> None:
+    config = parse_config({"backends": BACKENDS})
+    assert config.backends.baseline.urls == ("http://b:2",)
+    assert config.server.port == 8080  # defaults fill the rest
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"backends": BACKENDS, "server": {"prot": 1}}, "unknown key 'server.prot'"),
+        ({"backends": BACKENDS, "colour": "blue"}, "unknown key 'colour'"),
+        ({"backends": BACKENDS, "server": {"port": "80"}}, "server.port must be an integer"),
+        ({"backends": BACKENDS, "server": {"port": 0}}, "server.port must be > 0"),
+        ({"backends": BACKENDS, "server": {"port": True}}, "server.port must be an integer"),
+        (
+            {"backends": BACKENDS, "routing": {"rules": {"default_route": "fast"}}},
+            "routing.rules.default_route must be one of speculative, baseline",
+        ),
+        ({"backends": BACKENDS, "routing": {"policy": "magic"}}, "routing.policy must be one of"),
+        (
+            {"backends": BACKENDS, "upstream": {"read_timeout_s": -1}},
+            "upstream.read_timeout_s must be > 0",
+        ),
+        (
+            {"backends": {"speculative": {"urls": ["ftp://x"]}, "baseline": BACKENDS["baseline"]}},
+            "is not an http(s) URL",
+        ),
+        ({"backends": {"speculative": BACKENDS["speculative"]}}, "missing key 'backends.baseline'"),
+        (
+            {"backends": {"speculative": {"urls": []}, "baseline": BACKENDS["baseline"]}},
+            "backends.speculative.urls must list at least one URL",
+        ),
+        ({"backends": BACKENDS, "server": []}, "server must be a table"),
+    ],
+)
+def test_bad_config_fails_with_the_key_named(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw)
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_bad_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[server\nport = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)
+
+
+def test_command_line_overrides_the_file() -> None:
+    config = resolve_config(
+        ROOT / "config.toml", "0.0.0.0", 9999, ["baseline=http://127.0.0.1:7000/v1"]
+    )
+    assert (config.server.host, config.server.port) == ("0.0.0.0", 9999)
+    assert config.backends.baseline.urls == ("http://127.0.0.1:7000",)
+    assert config.backends.speculative.urls == ("http://127.0.0.1:8001",)
+
+
+def test_backends_alone_are_enough_without_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = resolve_config(None, None, None, ["speculative=http://s:1", "baseline=http://b:2"])
+    assert config.backends.of(Route.SPECULATIVE).urls == ("http://s:1",)
+
+
+def test_serve_with_a_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[backends.speculative]\nurls = ["http://a:1"]\n[backends.baseline]\nurls = ["http://b:1"]\n[server]\nhots = "x"\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "specroute: config: unknown key 'server.hots'"

@@ -1,0 +1,77 @@
+"""Streams pass through byte for byte; the usage chunk the gateway asked for is removed."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.test_routing import chat
+
+Client = TestClient[web.Request, web.Application]
+SPEC = {"x-specroute-route": "speculative"}
+
+
+async def test_stream_with_usage_requested_is_byte_identical(
+    gateway: Client, spec_upstream: FakeUpstream
+) -> None:
+    body = chat("hi", stream=True, stream_options={"include_usage": True})
+    resp = await gateway.post("/v1/chat/completions", json=body, headers=SPEC)
+    assert resp.status == 200
+    assert resp.content_type == "text/event-stream"
+    received = await resp.read()
+    assert received == spec_upstream.sent_streams[0]
+    assert spec_upstream.received == [body]  # nothing added: the client asked already
+
+
+async def test_stream_without_usage_hides_the_usage_the_gateway_asked_for(
+    gateway: Client, spec_upstream: FakeUpstream
+) -> None:
+    body = chat("hi", stream=True)
+    resp = await gateway.post("/v1/chat/completions", json=body, headers=SPEC)
+    received = await resp.read()
+    forwarded = spec_upstream.received[0]
+    assert forwarded["stream_options"] == {"include_usage": True}
+    assert {k: v for k, v in forwarded.items() if k != "stream_options"} == body
+    upstream_events = spec_upstream.sent_streams[0].split(b"\n\n")
+    usage_events = [e for e in upstream_events if b'"usage"' in e]
+    assert len(usage_events) == 1
+    expected = b"\n\n".join(e for e in upstream_events if e not in usage_events)
+    assert received == expected
+    assert b'"usage"' not in received
+    assert received.endswith(b"data: [DONE]\n\n")
+
+
+async def test_stream_keeps_other_stream_options(
+    gateway: Client, spec_upstream: FakeUpstream
+) -> None:
+    body = chat("hi", stream=True, stream_options={"continuous_usage_stats": False})
+    await (await gateway.post("/v1/chat/completions", json=body, headers=SPEC)).read()
+    assert spec_upstream.received[0]["stream_options"] == {
+        "continuous_usage_stats": False,
+        "include_usage": True,
+    }
+
+
+async def test_completions_stream_passthrough(gateway: Client, spec_upstream: FakeUpstream) -> None:
+    body = {"prompt": "def add(a, b):", "stream": True, "temperature": 0}
+    resp = await gateway.post("/v1/completions", json=body, headers=SPEC)
+    text = ""
+    async for line in resp.content:
+        if line.startswith(b"data: {"):
+            text += json.loads(line[6:])["choices"][0]["text"]
+    assert text == "Hello from the fake upstream."
+
+
+async def test_chunks_arrive_as_they_are_produced(
+    gateway: Client, spec_upstream: FakeUpstream
+) -> None:
+    """A relay that buffered the whole answer would deliver everything at the end."""
+    spec_upstream.chunk_delay_s = 0.2
+    resp = await gateway.post("/v1/chat/completions", json=chat("hi", stream=True), headers=SPEC)
+    first = await resp.content.readline()
+    assert first.startswith(b"data: ")
+    assert not spec_upstream.sent_streams  # the upstream is still producing
+    await resp.read()
