@@ -23,10 +23,12 @@ __all__ = ["Endpoint", "RequestFeatures", "Workload", "extract_features"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")
+# vLLM's structured_outputs constraints (its other keys are options, not constraints).
+_STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
-# Cheap markers of code, SQL or JSON, bounded so no input makes them slow. Each pattern starts with a literal, so `re`
-# skips ahead at C speed; a leading \b or one big alternation would try every
-# position and cost milliseconds on a long prompt.
+# Cheap markers of code, SQL or JSON, linear on any input. Each pattern starts
+# with a literal, so `re` skips ahead at C speed; a leading \b or one big
+# alternation would try every position and cost milliseconds on a long prompt.
 _CODE_LITERALS = ("```", "CREATE TABLE", "create table")
 _CODE_PATTERNS = tuple(
     re.compile(p)
@@ -81,6 +83,12 @@ def extract_features(
 ) -> RequestFeatures:
     """Extract the routing features of one already-validated request body.
 
+    prompt_tokens sums the counts of each prompt text (message content and text
+    parts, tool-call arguments; completion prompts, token-id lists by length);
+    chat-template and tool-schema tokens are left out: the counter is cl100k,
+    not the served model's tokenizer, so this is an estimate either way.
+    Without max_tokens a completions request is capped at vLLM's default 16.
+
     The workload is the first that applies: structured; long_context
     (prompt_tokens >= long_prompt_tokens); code; creative; chat. Creative needs
     a temperature the client set explicitly at or above
@@ -93,7 +101,7 @@ def extract_features(
     code_like = any(_is_code_like(t) for t in texts)
 
     raw_temperature = _number(body.get("temperature"))
-    temperature = default_temperature if raw_temperature is None else raw_temperature
+    temperature = float(default_temperature) if raw_temperature is None else raw_temperature
     max_tokens = _int(body.get("max_completion_tokens"))
     if max_tokens is None:
         max_tokens = _int(body.get("max_tokens"))
@@ -142,7 +150,9 @@ def _is_structured(body: Mapping[str, Any]) -> bool:
     if any(body.get(name) is not None for name in _GUIDED_FIELDS):
         return True
     outputs = body.get("structured_outputs")
-    if isinstance(outputs, Mapping) and any(v is not None for v in outputs.values()):
+    if isinstance(outputs, Mapping) and any(
+        outputs.get(kind) not in (None, False) for kind in _STRUCTURED_OUTPUT_KINDS
+    ):
         return True
     tools = body.get("tools")
     return isinstance(tools, list) and bool(tools) and body.get("tool_choice") != "none"

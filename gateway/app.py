@@ -41,11 +41,13 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     metrics = Metrics()
     app[CONFIG] = config
     app[METRICS] = metrics
-    app[BACKENDS] = BackendPool(config.backends, metrics)
+    app[BACKENDS] = BackendPool(
+        config.backends, metrics, scrape_max_age_s=3 * config.upstream.scrape_interval_s
+    )
     app[POLICY] = build_policy(config)
     app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)
     app.cleanup_ctx.append(_client_session)
-    app.cleanup_ctx.append(_health_prober)
+    app.cleanup_ctx.append(_background_tasks)
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", handlers.models)
@@ -73,15 +75,23 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-async def _health_prober(app: web.Application) -> AsyncIterator[None]:
+async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
+    """Health probes and /metrics scrapes: they feed the router, never block it."""
     upstream = app[CONFIG].upstream
-    task = asyncio.create_task(
-        app[BACKENDS].run_prober(
-            app[SESSION], upstream.health_interval_s, upstream.health_timeout_s
+    pool, session = app[BACKENDS], app[SESSION]
+    tasks = [
+        asyncio.create_task(
+            pool.run_prober(session, upstream.health_interval_s, upstream.health_timeout_s),
+            name="specroute-health-prober",
         ),
-        name="specroute-health-prober",
-    )
+        asyncio.create_task(
+            pool.run_scraper(session, upstream.scrape_interval_s, upstream.health_timeout_s),
+            name="specroute-metrics-scraper",
+        ),
+    ]
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

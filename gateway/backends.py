@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -18,6 +19,14 @@ import structlog
 
 from classifier.policy import BackendState, LiveState, Route
 from gateway.config import BackendConfig, BackendsConfig
+from gateway.scraper import (
+    Acceptance,
+    Scrape,
+    acceptance_between,
+    fresh,
+    scrape_once,
+    sleep_until_next,
+)
 from gateway.telemetry import Metrics
 
 log = structlog.get_logger("specroute.backends")
@@ -30,6 +39,8 @@ class Upstream:
     url: str
     inflight: int = 0
     healthy: bool = True
+    scrape: Scrape | None = None
+    acceptance: Acceptance | None = None  # over the last scrape window with drafts
 
 
 @dataclass(slots=True)
@@ -58,13 +69,27 @@ class Backend:
         candidates = [u for u in self.upstreams if u.healthy] or self.upstreams
         return min(candidates, key=lambda u: u.inflight)
 
-    def state(self) -> BackendState:
-        return BackendState(inflight=self.inflight, healthy=self.healthy)
+    def state(self, max_age_s: float = float("inf")) -> BackendState:
+        """Live state for the router; scraped figures older than max_age_s are unknown."""
+        scrapes = fresh((u.scrape for u in self.upstreams), max_age_s)
+        running = [s.running for s in scrapes if s.running is not None]
+        waiting = [s.waiting for s in scrapes if s.waiting is not None]
+        kv = [s.kv_usage for s in scrapes if s.kv_usage is not None]
+        return BackendState(
+            inflight=self.inflight,
+            healthy=self.healthy,
+            running=int(sum(running)) if running else None,
+            waiting=int(sum(waiting)) if waiting else None,
+            kv_cache_usage=max(kv) if kv else None,
+        )
 
 
 class BackendPool:
-    def __init__(self, config: BackendsConfig, metrics: Metrics) -> None:
+    def __init__(
+        self, config: BackendsConfig, metrics: Metrics, *, scrape_max_age_s: float = 10.0
+    ) -> None:
         self._metrics = metrics
+        self._scrape_max_age_s = scrape_max_age_s
         self._backends = {route: Backend.from_config(route, config.of(route)) for route in Route}
         for route in Route:
             metrics.inflight.labels(route.value).set(0)
@@ -77,9 +102,10 @@ class BackendPool:
         return iter(self._backends.values())
 
     def live_state(self) -> LiveState:
+        age = self._scrape_max_age_s
         return LiveState(
-            speculative=self._backends[Route.SPECULATIVE].state(),
-            baseline=self._backends[Route.BASELINE].state(),
+            speculative=self._backends[Route.SPECULATIVE].state(age),
+            baseline=self._backends[Route.BASELINE].state(age),
         )
 
     @contextlib.contextmanager
@@ -105,6 +131,50 @@ class BackendPool:
         for backend in self:
             self._metrics.backend_up.labels(backend.route.value).set(int(backend.healthy))
         return any(b.healthy for b in self)
+
+    async def scrape_all(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
+        """Scrape every endpoint's /metrics once; keep the last good scrape."""
+        pairs = [(b, u) for b in self for u in b.upstreams]
+        results = await asyncio.gather(
+            *(scrape_once(session, u.url, b.headers, timeout_s) for b, u in pairs)
+        )
+        for (backend, upstream), scrape in zip(pairs, results, strict=True):
+            if scrape is None:
+                self._metrics.upstream_errors.labels(backend.route.value, "scrape").inc()
+                continue
+            if upstream.scrape is not None:
+                window = acceptance_between(upstream.scrape, scrape)
+                if window is not None:
+                    upstream.acceptance = window
+            upstream.scrape = scrape
+        for backend in self:
+            self._export(backend)
+
+    def _export(self, backend: Backend) -> None:
+        name = backend.route.value
+        state = backend.state(self._scrape_max_age_s)
+        m = self._metrics
+        for gauge, value in (
+            (m.backend_running, state.running),
+            (m.backend_waiting, state.waiting),
+            (m.backend_kv_usage, state.kv_cache_usage),
+        ):
+            gauge.labels(name).set(float("nan") if value is None else value)
+        windows = [u.acceptance for u in backend.upstreams if u.acceptance is not None]
+        if windows:
+            drafted = sum(w.draft_tokens for w in windows)
+            rate = sum(w.rate * w.draft_tokens for w in windows) / drafted
+            length = sum(w.mean_length * w.draft_tokens for w in windows) / drafted
+            m.backend_acceptance.labels(name).set(rate)
+            m.backend_acceptance_length.labels(name).set(length)
+
+    async def run_scraper(
+        self, session: aiohttp.ClientSession, interval_s: float, timeout_s: float
+    ) -> None:
+        while True:
+            started = time.monotonic()
+            await self.scrape_all(session, timeout_s)
+            await sleep_until_next(interval_s, started)
 
     async def run_prober(
         self, session: aiohttp.ClientSession, interval_s: float, timeout_s: float

@@ -42,6 +42,9 @@ class UpstreamConfig:
     pool_size: int = 256
     health_interval_s: float = 5.0
     health_timeout_s: float = 2.0
+    # vLLM /metrics scrape (load, KV usage, speculative counters); figures
+    # older than three intervals are treated as unknown.
+    scrape_interval_s: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,11 @@ class BackendConfig:
     # Name of the environment variable that holds this backend's API key; the
     # key itself never lives in config.toml.
     api_key_env: str = ""
+    # The speculative server's --speculative-config, as the cost model needs
+    # it: k proposed tokens per step and the draft's cost per token relative
+    # to one target step (ignored for the baseline).
+    num_speculative_tokens: int = 4
+    draft_cost_ratio: float = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +135,7 @@ def _check(cfg: Config) -> None:
         "upstream.pool_size": cfg.upstream.pool_size,
         "upstream.health_interval_s": cfg.upstream.health_interval_s,
         "upstream.health_timeout_s": cfg.upstream.health_timeout_s,
+        "upstream.scrape_interval_s": cfg.upstream.scrape_interval_s,
         "routing.default_output_tokens": cfg.routing.default_output_tokens,
         "routing.long_prompt_tokens": cfg.routing.long_prompt_tokens,
         "routing.rules.prefill_ratio": cfg.routing.rules.prefill_ratio,
@@ -149,6 +158,11 @@ def _check(cfg: Config) -> None:
         backend = cfg.backends.of(route)
         if not backend.urls:
             raise ConfigError(f"config: backends.{route}.urls must list at least one URL")
+        if backend.num_speculative_tokens < 1 or backend.draft_cost_ratio < 0:
+            raise ConfigError(
+                f"config: backends.{route}: num_speculative_tokens must be >= 1"
+                " and draft_cost_ratio >= 0"
+            )
 
 
 def _build(cls: type[Any], raw: Any, path: str) -> Any:

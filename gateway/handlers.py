@@ -89,7 +89,13 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         exchange.error_kind = "client_disconnect"
         raise
     finally:
-        record_outcome(app[METRICS], features, decision, exchange)
+        record_outcome(
+            app[METRICS],
+            features,
+            decision,
+            exchange,
+            num_speculative_tokens=config.backends.speculative.num_speculative_tokens,
+        )
 
 
 def _request_id(request: web.Request) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import structlog
 
 from classifier.features import RequestFeatures
-from classifier.policy import Decision
+from classifier.policy import Decision, Route
+from gateway.measure import MeasuredAcceptance, from_report, from_stream_steps
 from gateway.proxy import Exchange
 from gateway.telemetry import Metrics
 
@@ -27,7 +28,9 @@ def record_outcome(
     features: RequestFeatures | None,
     decision: Decision | None,
     exchange: Exchange,
-) -> None:
+    *,
+    num_speculative_tokens: int,
+) -> MeasuredAcceptance | None:
     """Runs in the handler's `finally`: also for cancelled and failed requests."""
     route = decision.route.value if decision else "none"
     workload = features.workload.value if features else "none"
@@ -43,6 +46,13 @@ def record_outcome(
         if exchange.error_kind is not None and exchange.error_kind != "client_disconnect":
             metrics.upstream_errors.labels(route, exchange.error_kind).inc()
     tpot = None
+    acceptance = None
+    if status == "2xx" and decision is not None and decision.route is Route.SPECULATIVE:
+        acceptance = measure_acceptance(
+            exchange, features, completion_tokens, num_speculative_tokens
+        )
+        if acceptance is not None:
+            metrics.acceptance.labels(workload, acceptance.source).observe(acceptance.rate)
     if status == "2xx":
         metrics.duration.labels(route, workload).observe(duration)
         if isinstance(completion_tokens, int):
@@ -65,10 +75,27 @@ def record_outcome(
         prompt_tokens=prompt_tokens,
         prompt_tokens_estimate=features.prompt_tokens if features else None,
         completion_tokens=completion_tokens,
+        acceptance=_round(acceptance.rate) if acceptance else None,
+        acceptance_length=_round(acceptance.mean_length) if acceptance else None,
+        acceptance_source=acceptance.source if acceptance else None,
         ttft_s=_round(exchange.ttft_s),
         tpot_s=_round(tpot),
         duration_s=_round(duration),
     )
+    return acceptance
+
+
+def measure_acceptance(
+    exchange: Exchange,
+    features: RequestFeatures | None,
+    completion_tokens: object,
+    num_speculative_tokens: int,
+) -> MeasuredAcceptance | None:
+    measured = from_report(exchange.report)
+    if measured is None and features is not None and features.stream and features.n == 1:
+        tokens = completion_tokens if isinstance(completion_tokens, int) else None
+        measured = from_stream_steps(tokens, exchange.token_events, num_speculative_tokens)
+    return measured
 
 
 def _round(value: float | None) -> float | None:

@@ -39,6 +39,16 @@ class Exchange:
     report: dict[str, Any] | None = None
     error_kind: str | None = None
     bytes_sent: int = 0
+    # SSE events seen: all of them, those before the first token (role
+    # chunk), and the closing ones ([DONE], the usage-only chunk). What is
+    # left is one event per engine step that produced tokens.
+    events: int = 0
+    events_before_token: int = 0
+    closing_events: int = 0
+
+    @property
+    def token_events(self) -> int:
+        return self.events - self.events_before_token - self.closing_events
 
     @property
     def duration_s(self) -> float:
@@ -179,27 +189,35 @@ async def _send(response: web.StreamResponse, exchange: Exchange, data: bytes) -
 
 
 def _inspect_events(chunk: bytes, exchange: Exchange, strip_usage_chunk: bool) -> bytes:
-    """Note the first token and the usage; drop the usage chunk we asked for."""
+    """Note the first token, the usage and the step count; drop the usage chunk we asked for."""
+    exchange.events += chunk.count(_EVENT_END)
     if exchange.ttft_s is not None and b'"usage"' not in chunk:
-        return chunk  # the hot path: nothing to look at
+        if _DONE in chunk:  # the hot path: nothing else to look at
+            exchange.closing_events += 1
+        return chunk
     kept: list[bytes] = []
     for event in chunk.split(_EVENT_END)[:-1]:
         event_bytes = event + _EVENT_END
-        if not event.startswith(b"data: ") or event.startswith(_DONE):
-            kept.append(event_bytes)
-            continue
+        if event.startswith(_DONE):
+            exchange.closing_events += 1
         parsed = None
-        if exchange.ttft_s is None or b'"usage"' in event:
+        if event.startswith(b"data: {") and (exchange.ttft_s is None or b'"usage"' in event):
             parsed = _loads(event[6:])
         if parsed is not None:
-            if exchange.ttft_s is None and _has_token(parsed):
-                exchange.ttft_s = time.perf_counter() - exchange.started
             usage = parsed.get("usage")
+            final = isinstance(usage, dict) and not parsed.get("choices")
             if isinstance(usage, dict):
                 exchange.usage = usage
                 exchange.report = parsed
-                if strip_usage_chunk and not parsed.get("choices"):
+            if final:
+                exchange.closing_events += 1
+                if strip_usage_chunk:
                     continue
+            elif exchange.ttft_s is None:
+                if _has_token(parsed):
+                    exchange.ttft_s = time.perf_counter() - exchange.started
+                else:
+                    exchange.events_before_token += 1
         kept.append(event_bytes)
     return b"".join(kept)
 

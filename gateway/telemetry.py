@@ -83,6 +83,44 @@ class Metrics:
             registry=r,
         )
 
+        self.acceptance = Histogram(
+            "specroute_spec_acceptance_rate",
+            "Per-request draft acceptance on the speculative route, by workload.",
+            ["workload", "source"],
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+            registry=r,
+        )
+        self.backend_running = Gauge(
+            "specroute_backend_running",
+            "Requests the backend reports running (vllm:num_requests_running); NaN if unknown.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_waiting = Gauge(
+            "specroute_backend_waiting",
+            "Requests the backend reports waiting (vllm:num_requests_waiting); NaN if unknown.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_kv_usage = Gauge(
+            "specroute_backend_kv_cache_usage",
+            "Backend KV-cache usage 0..1 (vllm:kv_cache_usage_perc); NaN if unknown.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_acceptance = Gauge(
+            "specroute_backend_spec_acceptance_rate",
+            "Draft-token acceptance over the last scrape window with drafts (vLLM counters).",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_acceptance_length = Gauge(
+            "specroute_backend_spec_mean_acceptance_length",
+            "Tokens per verify step over the last scrape window with drafts (vLLM counters).",
+            ["backend"],
+            registry=r,
+        )
+
 
 def configure_logging(level: str = "info", *, json: bool = True) -> None:
     """Configure structlog once, at process start: contextvars first, JSON last."""

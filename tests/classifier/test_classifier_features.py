@@ -116,6 +116,8 @@ def test_missing_or_odd_messages_do_not_raise(counter: TokenCounter) -> None:
         {"guided_choice": ["yes", "no"]},
         {"structured_outputs": {"json": {"type": "object"}}},
         {"structured_outputs": {"choice": ["a", "b"]}},
+        {"structured_outputs": {"json_object": True}},
+        {"structured_outputs": {"grammar": "root ::= 'a'", "disable_fallback": True}},
         {"tools": [{"type": "function", "function": {"name": "f"}}]},
         {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
         {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
@@ -143,6 +145,8 @@ def test_structured_forms(counter: TokenCounter, fields: dict[str, Any]) -> None
         {"guided_decoding_backend": "xgrammar"},
         {"structured_outputs": {}},
         {"structured_outputs": {"json": None}},
+        {"structured_outputs": {"json_object": False}},
+        {"structured_outputs": {"disable_any_whitespace": True, "whitespace_pattern": " "}},
         {"structured_outputs": None},
         {"tools": [], "tool_choice": "auto"},
         {"tools": None},
@@ -251,6 +255,10 @@ def test_code_like(counter: TokenCounter, text: str) -> None:
         "A table for two, please.",
         "Use {curly} braces in prose.",
         "I define success differently.",
+        "The function f(x) = x^2 is smooth.",
+        "A malfunction (minor) was logged.",
+        "SELECT " + "word " * 80 + "FROM far away",
+        "FROM the team: SELECT your seat",
     ],
 )
 def test_prose_is_not_code(counter: TokenCounter, text: str) -> None:

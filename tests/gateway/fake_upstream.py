@@ -25,6 +25,8 @@ class FakeUpstream:
     chunk_delay_s: float = 0.0
     words: list[str] = field(default_factory=lambda: list(WORDS))
     healthy: bool = True
+    tokens_per_event: int = 1  # tokens each streamed event stands for, in the usage
+    metrics_text: str = ""  # what /metrics answers (404 when empty)
     received: list[dict[str, Any]] = field(default_factory=list)
     sent_streams: list[bytes] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
@@ -36,7 +38,13 @@ class FakeUpstream:
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
         return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if not self.metrics_text:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_text, content_type="text/plain")
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
@@ -61,10 +69,11 @@ class FakeUpstream:
             }
             return web.json_response(error, status=self.fail_status)
         words = self.words[: body.get("max_tokens") or len(self.words)]
+        completion_tokens = len(words) * self.tokens_per_event
         usage = {
             "prompt_tokens": 7,
-            "total_tokens": 7 + len(words),
-            "completion_tokens": len(words),
+            "total_tokens": 7 + completion_tokens,
+            "completion_tokens": completion_tokens,
         }
         try:
             if not body.get("stream"):
