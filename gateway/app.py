@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -20,7 +21,8 @@ from gateway import handlers
 from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.errors import error_middleware
-from gateway.state import BACKENDS, CONFIG, METRICS, POLICY, SESSION, TOKENS
+from gateway.outcome_log import OutcomeLog
+from gateway.state import BACKENDS, CONFIG, METRICS, OUTCOME_LOG, POLICY, SESSION, TOKENS
 from gateway.telemetry import Metrics
 
 
@@ -48,6 +50,7 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background_tasks)
+    app.cleanup_ctx.append(_outcome_log)
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", handlers.models)
@@ -95,3 +98,14 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def _outcome_log(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG].outcome_log
+    if not config.path:
+        yield
+        return
+    log = OutcomeLog(Path(config.path), max_bytes=config.max_bytes, backups=config.backups)
+    app[OUTCOME_LOG] = log
+    yield
+    await asyncio.to_thread(log.close)

@@ -80,6 +80,14 @@ class RoutingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class OutcomeLogConfig:
+    path: str = ""  # empty: off
+    max_bytes: int = 64 * 1024 * 1024
+    backups: int = 3
+    include_prompts: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class LoggingConfig:
     level: str = "info"
 
@@ -91,6 +99,7 @@ class Config:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    outcome_log: OutcomeLogConfig = field(default_factory=OutcomeLogConfig)
 
 
 _POLICIES = ("rules", "static-speculative", "static-baseline")
@@ -140,6 +149,7 @@ def _check(cfg: Config) -> None:
         "routing.long_prompt_tokens": cfg.routing.long_prompt_tokens,
         "routing.rules.prefill_ratio": cfg.routing.rules.prefill_ratio,
         "routing.rules.spec_max_inflight": cfg.routing.rules.spec_max_inflight,
+        "outcome_log.max_bytes": cfg.outcome_log.max_bytes,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -152,6 +162,8 @@ def _check(cfg: Config) -> None:
         raise ConfigError("config: routing.rules.spec_max_kv_usage must be within (0, 1]")
     if cfg.routing.policy not in _POLICIES:
         raise ConfigError(f"config: routing.policy must be one of {', '.join(_POLICIES)}")
+    if cfg.outcome_log.backups < 0:
+        raise ConfigError("config: outcome_log.backups must be >= 0")
     if cfg.logging.level not in _LEVELS:
         raise ConfigError(f"config: logging.level must be one of {', '.join(_LEVELS)}")
     for route in Route:

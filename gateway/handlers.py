@@ -17,9 +17,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from classifier.features import Endpoint, RequestFeatures, extract_features
 from classifier.policy import Decision, Route
 from gateway.errors import APIError, error_response
-from gateway.outcome import record_outcome
+from gateway.outcome import outcome_record, record_outcome
 from gateway.proxy import Exchange, Target, forward
-from gateway.state import BACKENDS, CONFIG, METRICS, POLICY, SESSION, TOKENS
+from gateway.state import BACKENDS, CONFIG, METRICS, OUTCOME_LOG, POLICY, SESSION, TOKENS
 from gateway.validation import parse_body
 
 ROUTE_HEADER = "x-specroute-route"
@@ -45,6 +45,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     structlog.contextvars.bind_contextvars(request_id=request_id, endpoint=endpoint.value)
 
     exchange = Exchange(started=started)
+    body: dict[str, Any] = {}
     features: RequestFeatures | None = None
     decision: Decision | None = None
     try:
@@ -58,16 +59,19 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             default_output_tokens=config.routing.default_output_tokens,
             long_prompt_tokens=config.routing.long_prompt_tokens,
         )
-        decision = _override(request) or app[POLICY].decide(features, app[BACKENDS].live_state())
+        state = app[BACKENDS].live_state()
+        decision = _override(request) or app[POLICY].decide(features, state)
         raw, strip_usage = _ask_for_usage(body, raw)
         backend = app[BACKENDS].of(decision.route)
         upstream = backend.pick()
+        exchange.waiting = state.of(decision.route).waiting
         headers = {
             ROUTE_HEADER: decision.route.value,
             REASON_HEADER: decision.reason,
             "X-Request-Id": request_id,
         }
         with app[BACKENDS].track(backend, upstream):
+            exchange.batch = backend.inflight
             return await forward(
                 request,
                 app[SESSION],
@@ -89,13 +93,22 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         exchange.error_kind = "client_disconnect"
         raise
     finally:
-        record_outcome(
+        acceptance = record_outcome(
             app[METRICS],
             features,
             decision,
             exchange,
             num_speculative_tokens=config.backends.speculative.num_speculative_tokens,
         )
+        if (outcomes := app.get(OUTCOME_LOG)) is not None and decision is not None:
+            prompt = _prompt_of(body) if config.outcome_log.include_prompts else None
+            outcomes.write(
+                outcome_record(request_id, features, decision, exchange, acceptance, prompt)
+            )
+
+
+def _prompt_of(body: dict[str, Any]) -> Any:
+    return body.get("messages", body.get("prompt"))
 
 
 def _request_id(request: web.Request) -> str:

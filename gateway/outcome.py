@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from typing import Any
+
 import structlog
 
 from classifier.features import RequestFeatures
@@ -100,3 +104,43 @@ def measure_acceptance(
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
+
+
+def outcome_record(
+    request_id: str,
+    features: RequestFeatures | None,
+    decision: Decision,
+    exchange: Exchange,
+    acceptance: MeasuredAcceptance | None,
+    prompt: Any = None,
+) -> dict[str, Any]:
+    """One line of the outcome log: everything `train` and `advise` learn from."""
+    usage = exchange.usage or {}
+    record: dict[str, Any] = {
+        "ts": round(time.time(), 3),
+        "request_id": request_id,
+        "route": decision.route.value,
+        "reason": decision.reason,
+        "predicted_s": (
+            {r.value: round(s, 6) for r, s in decision.predicted_s.items()}
+            if decision.predicted_s
+            else None
+        ),
+        "features": dataclasses.asdict(features) if features else None,
+        "status": status_label(exchange),
+        "http_status": exchange.status,
+        "error": exchange.error_kind,
+        "batch": exchange.batch,
+        "waiting": exchange.waiting,
+        "ttft_s": _round(exchange.ttft_s),
+        "duration_s": _round(exchange.duration_s),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "token_events": exchange.token_events if features and features.stream else None,
+        "acceptance": _round(acceptance.rate) if acceptance else None,
+        "acceptance_length": _round(acceptance.mean_length) if acceptance else None,
+        "acceptance_source": acceptance.source if acceptance else None,
+    }
+    if prompt is not None:
+        record["prompt"] = prompt
+    return record

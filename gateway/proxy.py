@@ -45,6 +45,9 @@ class Exchange:
     events: int = 0
     events_before_token: int = 0
     closing_events: int = 0
+    # Load on the chosen backend when the request was sent (itself included).
+    batch: int = 0
+    waiting: int | None = None
 
     @property
     def token_events(self) -> int:

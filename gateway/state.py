@@ -9,6 +9,7 @@ from classifier.policy import Policy
 from classifier.tokens import TokenCounter
 from gateway.backends import BackendPool
 from gateway.config import Config
+from gateway.outcome_log import OutcomeLog
 from gateway.telemetry import Metrics
 
 CONFIG = web.AppKey("config", Config)
@@ -17,3 +18,4 @@ BACKENDS = web.AppKey("backends", BackendPool)
 POLICY = web.AppKey("policy", Policy)
 TOKENS = web.AppKey("tokens", TokenCounter)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
+OUTCOME_LOG = web.AppKey("outcome_log", OutcomeLog)  # only set when configured
