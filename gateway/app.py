@@ -44,7 +44,11 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app[CONFIG] = config
     app[METRICS] = metrics
     app[BACKENDS] = BackendPool(
-        config.backends, metrics, scrape_max_age_s=3 * config.upstream.scrape_interval_s
+        config.backends,
+        metrics,
+        scrape_max_age_s=3 * config.upstream.scrape_interval_s,
+        eject_after_failures=config.upstream.eject_after_failures,
+        eject_s=config.upstream.eject_s,
     )
     app[POLICY] = build_policy(config)
     app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)

@@ -41,6 +41,8 @@ class Upstream:
     healthy: bool = True
     scrape: Scrape | None = None
     acceptance: Acceptance | None = None  # over the last scrape window with drafts
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0  # monotonic time; passive ejection keeps it out till then
 
 
 @dataclass(slots=True)
@@ -48,13 +50,18 @@ class Backend:
     route: Route
     upstreams: list[Upstream]
     headers: dict[str, str] = field(default_factory=dict)
+    max_inflight: int = 256  # admission limit: beyond it, failover or 429
 
     @classmethod
     def from_config(cls, route: Route, config: BackendConfig) -> Backend:
         headers: dict[str, str] = {}
         if config.api_key_env and (key := os.environ.get(config.api_key_env)):
             headers["Authorization"] = f"Bearer {key}"
-        return cls(route, [Upstream(url) for url in config.urls], headers)
+        return cls(route, [Upstream(url) for url in config.urls], headers, config.max_inflight)
+
+    @property
+    def has_room(self) -> bool:
+        return self.inflight < self.max_inflight
 
     @property
     def inflight(self) -> int:
@@ -86,10 +93,19 @@ class Backend:
 
 class BackendPool:
     def __init__(
-        self, config: BackendsConfig, metrics: Metrics, *, scrape_max_age_s: float = 10.0
+        self,
+        config: BackendsConfig,
+        metrics: Metrics,
+        *,
+        scrape_max_age_s: float = 10.0,
+        eject_after_failures: int = 3,
+        eject_s: float = 10.0,
     ) -> None:
         self._metrics = metrics
         self._scrape_max_age_s = scrape_max_age_s
+        self._eject_after = eject_after_failures
+        self._eject_s = eject_s
+        self._retries_inflight = 0
         self._backends = {route: Backend.from_config(route, config.of(route)) for route in Route}
         for route in Route:
             metrics.inflight.labels(route.value).set(0)
@@ -120,11 +136,57 @@ class BackendPool:
             upstream.inflight -= 1
             gauge.dec()
 
+    def report_failure(self, backend: Backend, upstream: Upstream, kind: str) -> None:
+        """Count a failure; eject the endpoint after too many in a row (never the last one)."""
+        self._metrics.upstream_errors.labels(backend.route.value, kind).inc()
+        upstream.consecutive_failures += 1
+        if (
+            upstream.healthy
+            and upstream.consecutive_failures >= self._eject_after
+            and self._healthy_count() > 1
+        ):
+            upstream.healthy = False
+            upstream.ejected_until = time.monotonic() + self._eject_s
+            self._metrics.backend_up.labels(backend.route.value).set(int(backend.healthy))
+            log.warning(
+                "backend_ejected",
+                backend=backend.route.value,
+                failures=upstream.consecutive_failures,
+                eject_s=self._eject_s,
+            )
+
+    def report_success(self, upstream: Upstream) -> None:
+        upstream.consecutive_failures = 0
+
+    def _healthy_count(self) -> int:
+        return sum(u.healthy for b in self for u in b.upstreams)
+
+    def try_acquire_retry(self, ratio: float, minimum: int) -> bool:
+        """A retry may start while retries in flight stay within the budget.
+
+        The budget (a share of all in-flight requests, at least `minimum`)
+        keeps a dead cluster from doubling the load on what is left.
+        Pair every True with release_retry().
+        """
+        total = sum(b.inflight for b in self)
+        if self._retries_inflight >= max(minimum, ratio * total):
+            return False
+        self._retries_inflight += 1
+        return True
+
+    def release_retry(self) -> None:
+        self._retries_inflight -= 1
+
     async def probe_all(self, session: aiohttp.ClientSession, timeout_s: float) -> bool:
         """Probe every endpoint's /health now; True if any backend is healthy."""
         pairs = [(b, u) for b in self for u in b.upstreams]
         results = await asyncio.gather(*(_probe(session, u.url, timeout_s) for _, u in pairs))
+        now = time.monotonic()
         for (backend, upstream), ok in zip(pairs, results, strict=True):
+            if ok and upstream.ejected_until > now and self._healthy_count() > 0:
+                ok = False  # still serving its ejection, and someone else can answer
+            if ok:
+                upstream.consecutive_failures = 0
             if ok != upstream.healthy:
                 log.info("backend_health_changed", backend=backend.route.value, healthy=ok)
             upstream.healthy = ok

@@ -45,6 +45,14 @@ class UpstreamConfig:
     # vLLM /metrics scrape (load, KV usage, speculative counters); figures
     # older than three intervals are treated as unknown.
     scrape_interval_s: float = 2.0
+    # Both backends serve the same model, so each is the other's fallback:
+    # a refused connection or a 5xx before any byte reached the client is
+    # retried once on the other backend, within a retry budget.
+    failover: bool = True
+    retry_budget_ratio: float = 0.2
+    retry_budget_min: int = 3
+    eject_after_failures: int = 3
+    eject_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,9 @@ class BackendConfig:
     # to one target step (ignored for the baseline).
     num_speculative_tokens: int = 4
     draft_cost_ratio: float = 0.1
+    # Admission limit: requests in flight to this backend beyond which the
+    # other backend answers (if it has room) or the client gets a fast 429.
+    max_inflight: int = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +156,8 @@ def _check(cfg: Config) -> None:
         "upstream.health_interval_s": cfg.upstream.health_interval_s,
         "upstream.health_timeout_s": cfg.upstream.health_timeout_s,
         "upstream.scrape_interval_s": cfg.upstream.scrape_interval_s,
+        "upstream.eject_after_failures": cfg.upstream.eject_after_failures,
+        "upstream.eject_s": cfg.upstream.eject_s,
         "routing.default_output_tokens": cfg.routing.default_output_tokens,
         "routing.long_prompt_tokens": cfg.routing.long_prompt_tokens,
         "routing.rules.prefill_ratio": cfg.routing.rules.prefill_ratio,
@@ -162,6 +175,8 @@ def _check(cfg: Config) -> None:
         raise ConfigError("config: routing.rules.spec_max_kv_usage must be within (0, 1]")
     if cfg.routing.policy not in _POLICIES:
         raise ConfigError(f"config: routing.policy must be one of {', '.join(_POLICIES)}")
+    if not 0.0 <= cfg.upstream.retry_budget_ratio <= 1.0 or cfg.upstream.retry_budget_min < 0:
+        raise ConfigError("config: upstream.retry_budget_ratio must be in [0, 1], _min >= 0")
     if cfg.outcome_log.backups < 0:
         raise ConfigError("config: outcome_log.backups must be >= 0")
     if cfg.logging.level not in _LEVELS:
@@ -170,6 +185,8 @@ def _check(cfg: Config) -> None:
         backend = cfg.backends.of(route)
         if not backend.urls:
             raise ConfigError(f"config: backends.{route}.urls must list at least one URL")
+        if backend.max_inflight < 1:
+            raise ConfigError(f"config: backends.{route}.max_inflight must be >= 1")
         if backend.num_speculative_tokens < 1 or backend.draft_cost_ratio < 0:
             raise ConfigError(
                 f"config: backends.{route}: num_speculative_tokens must be >= 1"

@@ -41,12 +41,14 @@ class APIError(Exception):
         *,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
 
 def error_body(
@@ -81,7 +83,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except APIError as exc:
-        return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+        return error_response(
+            exc.status, exc.message, param=exc.param, code=exc.code, headers=exc.headers
+        )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -16,14 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from classifier.features import Endpoint, RequestFeatures, extract_features
 from classifier.policy import Decision, Route
+from gateway.dispatch import ROUTE_HEADER, Routed, dispatch
 from gateway.errors import APIError, error_response
 from gateway.outcome import outcome_record, record_outcome
-from gateway.proxy import Exchange, Target, forward
+from gateway.proxy import Exchange
 from gateway.state import BACKENDS, CONFIG, METRICS, OUTCOME_LOG, POLICY, SESSION, TOKENS
 from gateway.validation import parse_body
 
-ROUTE_HEADER = "x-specroute-route"
-REASON_HEADER = "x-specroute-reason"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _JSON_TYPES = ("application/json", "application/octet-stream")
 
@@ -62,27 +61,9 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         state = app[BACKENDS].live_state()
         decision = _override(request) or app[POLICY].decide(features, state)
         raw, strip_usage = _ask_for_usage(body, raw)
-        backend = app[BACKENDS].of(decision.route)
-        upstream = backend.pick()
         exchange.waiting = state.of(decision.route).waiting
-        headers = {
-            ROUTE_HEADER: decision.route.value,
-            REASON_HEADER: decision.reason,
-            "X-Request-Id": request_id,
-        }
-        with app[BACKENDS].track(backend, upstream):
-            exchange.batch = backend.inflight
-            return await forward(
-                request,
-                app[SESSION],
-                Target(upstream.url, decision.route.value, backend.headers),
-                raw,
-                exchange,
-                response_headers=headers,
-                strip_usage_chunk=strip_usage,
-                connect_timeout_s=config.upstream.connect_timeout_s,
-                read_timeout_s=config.upstream.read_timeout_s,
-            )
+        routed = Routed(decision.route, decision.reason, raw, strip_usage, request_id)
+        return await dispatch(request, routed, exchange)
     except APIError as exc:
         exchange.status = exc.status
         raise

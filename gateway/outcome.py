@@ -36,7 +36,8 @@ def record_outcome(
     num_speculative_tokens: int,
 ) -> MeasuredAcceptance | None:
     """Runs in the handler's `finally`: also for cancelled and failed requests."""
-    route = decision.route.value if decision else "none"
+    answered = exchange.route or (decision.route if decision else None)
+    route = answered.value if answered else "none"
     workload = features.workload.value if features else "none"
     status = status_label(exchange)
     duration = exchange.duration_s
@@ -46,12 +47,12 @@ def record_outcome(
 
     metrics.requests.labels(route, workload, status).inc()
     if decision is not None:
-        metrics.decisions.labels(route, decision.reason).inc()
-        if exchange.error_kind is not None and exchange.error_kind != "client_disconnect":
-            metrics.upstream_errors.labels(route, exchange.error_kind).inc()
+        metrics.decisions.labels(decision.route.value, decision.reason).inc()
+    if exchange.failover_from is not None:
+        metrics.failovers.labels(exchange.failover_from.value, route).inc()
     tpot = None
     acceptance = None
-    if status == "2xx" and decision is not None and decision.route is Route.SPECULATIVE:
+    if status == "2xx" and answered is Route.SPECULATIVE:
         acceptance = measure_acceptance(
             exchange, features, completion_tokens, num_speculative_tokens
         )
@@ -71,6 +72,7 @@ def record_outcome(
         "request",
         route=route,
         reason=decision.reason if decision else None,
+        failover_from=exchange.failover_from.value if exchange.failover_from else None,
         workload=workload,
         status=status,
         http_status=exchange.status,
@@ -119,8 +121,10 @@ def outcome_record(
     record: dict[str, Any] = {
         "ts": round(time.time(), 3),
         "request_id": request_id,
-        "route": decision.route.value,
+        "route": (exchange.route or decision.route).value,
+        "decided_route": decision.route.value,
         "reason": decision.reason,
+        "failover_from": exchange.failover_from.value if exchange.failover_from else None,
         "predicted_s": (
             {r.value: round(s, 6) for r, s in decision.predicted_s.items()}
             if decision.predicted_s

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from classifier.policy import Route
 from gateway.errors import error_response, sse_error_event
 
 _EVENT_END = b"\n\n"
@@ -45,7 +46,10 @@ class Exchange:
     events: int = 0
     events_before_token: int = 0
     closing_events: int = 0
-    # Load on the chosen backend when the request was sent (itself included).
+    # Who answered (after any failover), and the load on that backend when
+    # the request was sent (itself included).
+    route: Route | None = None
+    failover_from: Route | None = None
     batch: int = 0
     waiting: int | None = None
 
@@ -65,51 +69,84 @@ class Target:
     headers: dict[str, str]
 
 
-async def forward(
+class UpstreamFailure(Exception):
+    """The backend failed before the client got a byte: another backend may answer."""
+
+    def __init__(self, kind: str, status: int, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+        self.message = message
+        self.retryable = retryable
+
+
+async def open_upstream(
     request: web.Request,
     session: aiohttp.ClientSession,
     target: Target,
     body: bytes,
-    exchange: Exchange,
     *,
-    response_headers: dict[str, str],
-    strip_usage_chunk: bool,
     connect_timeout_s: float,
     read_timeout_s: float,
-) -> web.StreamResponse:
-    url = f"{target.base_url}{request.path}"
+) -> aiohttp.ClientResponse:
+    """Send the request; return the backend's response once its headers are in."""
     headers = {k: v for k in _FORWARDED_REQUEST_HEADERS if (v := request.headers.get(k))}
     headers.update(target.headers)
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
     )
+    name = target.name
     try:
-        upstream = await session.post(url, data=body, headers=headers, timeout=timeout)
-    except (aiohttp.ClientConnectionError, OSError) as exc:
-        exchange.error_kind = "connect"
-        return _fail(
-            exchange, 502, f"backend {target.name} unreachable: {_why(exc)}", response_headers
+        return await session.post(
+            f"{target.base_url}{request.path}", data=body, headers=headers, timeout=timeout
         )
-    except TimeoutError:
-        exchange.error_kind = "connect_timeout"
-        return _fail(
-            exchange,
+    except aiohttp.ConnectionTimeoutError:
+        raise UpstreamFailure(
+            "connect_timeout",
             504,
-            f"backend {target.name} did not accept the connection in time",
-            response_headers,
-        )
+            f"backend {name} did not accept the connection in time",
+            retryable=True,
+        ) from None
+    except (aiohttp.SocketTimeoutError, TimeoutError):
+        # Connected, sent, then silence: the backend may be working on it, so
+        # this is a stall, not a refusal.
+        raise UpstreamFailure(
+            "upstream_stall", 504, f"backend {name} stopped answering", retryable=False
+        ) from None
+    except (aiohttp.ClientConnectionError, OSError) as exc:
+        raise UpstreamFailure(
+            "connect", 502, f"backend {name} unreachable: {_why(exc)}", retryable=True
+        ) from None
+
+
+async def relay(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    exchange: Exchange,
+    *,
+    name: str,
+    response_headers: dict[str, str],
+    strip_usage_chunk: bool,
+) -> web.StreamResponse:
+    """Stream (or copy) the backend's answer to the client; always closes `upstream`."""
     try:
-        is_sse = upstream.content_type == "text/event-stream"
-        if upstream.status == 200 and is_sse:
+        if upstream.status == 200 and upstream.content_type == "text/event-stream":
             return await _relay_stream(
                 request, upstream, exchange, response_headers, strip_usage_chunk
             )
-        return await _relay_whole(upstream, exchange, response_headers, target.name)
+        return await _relay_whole(upstream, exchange, response_headers, name)
     finally:
         # On success the body was read to the end and the connection goes back
         # to the pool; on cancellation or error it is closed, which is what
         # makes vLLM abort the request.
         upstream.close()
+
+
+def failure_response(
+    exchange: Exchange, failure: UpstreamFailure, response_headers: dict[str, str]
+) -> web.Response:
+    exchange.error_kind = failure.kind
+    return _fail(exchange, failure.status, failure.message, response_headers)
 
 
 async def _relay_whole(
@@ -120,14 +157,14 @@ async def _relay_whole(
 ) -> web.StreamResponse:
     try:
         payload = await upstream.read()
+    except TimeoutError:  # aiohttp's read timeouts are TimeoutErrors too
+        exchange.error_kind = "upstream_stall"
+        return _fail(exchange, 504, f"backend {name} stopped answering", response_headers)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
         exchange.error_kind = "upstream_broken"
         return _fail(
             exchange, 502, f"backend {name} broke the answer: {_why(exc)}", response_headers
         )
-    except TimeoutError:
-        exchange.error_kind = "upstream_stall"
-        return _fail(exchange, 504, f"backend {name} stopped answering", response_headers)
     exchange.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":
         exchange.report = _loads(payload)
@@ -168,10 +205,10 @@ async def _relay_stream(
         exchange.error_kind = "client_disconnect"
         exchange.finished = time.perf_counter()
         return response
+    except TimeoutError:  # aiohttp's read timeouts are TimeoutErrors too
+        await _end_stream_with_error(response, exchange, "upstream_stall", "no data in time")
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
         await _end_stream_with_error(response, exchange, "upstream_broken", _why(exc))
-    except TimeoutError:
-        await _end_stream_with_error(response, exchange, "upstream_stall", "no data in time")
     exchange.finished = time.perf_counter()
     await response.write_eof()
     return response
@@ -245,8 +282,7 @@ def _has_token(chunk: dict[str, Any]) -> bool:
 async def _end_stream_with_error(
     response: web.StreamResponse, exchange: Exchange, kind: str, why: str
 ) -> None:
-    exchange.error_kind = kind
-    exchange.status = 502
+    exchange.error_kind = kind  # the status stays 200: it was sent already
     event = sse_error_event(f"backend stream interrupted: {why}", code=kind)
     try:
         await response.write(event)

@@ -76,6 +76,12 @@ class Metrics:
             ["backend", "kind"],
             registry=r,
         )
+        self.failovers = Counter(
+            "specroute_failovers",
+            "Requests answered by the other backend than the one chosen, by from/to.",
+            ["from_backend", "to_backend"],
+            registry=r,
+        )
         self.backend_up = Gauge(
             "specroute_backend_up",
             "1 if the backend answered its last health probe.",

@@ -25,6 +25,8 @@ class FakeUpstream:
     chunk_delay_s: float = 0.0
     words: list[str] = field(default_factory=lambda: list(WORDS))
     healthy: bool = True
+    drop_after: int | None = None  # close the connection after this many stream events
+    stall_after: int | None = None  # go silent after this many stream events
     tokens_per_event: int = 1  # tokens each streamed event stands for, in the usage
     metrics_text: str = ""  # what /metrics answers (404 when empty)
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -127,7 +129,13 @@ class FakeUpstream:
             else:
                 piece["text"] = word
             chunks.append(piece)
-        for choice in chunks:
+        for n, choice in enumerate(chunks):
+            if n == self.drop_after:
+                assert request.transport is not None
+                request.transport.close()
+                return response
+            if n == self.stall_after:
+                await asyncio.sleep(60)
             if self.chunk_delay_s:
                 await asyncio.sleep(self.chunk_delay_s)
             event = b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n"

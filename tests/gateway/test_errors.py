@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
@@ -122,33 +122,33 @@ async def test_unknown_path_is_404_and_wrong_method_405(gateway: Client) -> None
 
 @pytest.mark.parametrize("status", [400, 404, 422, 500, 503])
 async def test_backend_error_body_is_relayed_unchanged(
-    gateway: Client, spec_upstream: FakeUpstream, status: int
+    gateway: Client, spec_upstream: FakeUpstream, base_upstream: FakeUpstream, status: int
 ) -> None:
+    """A 4xx is never retried; a 5xx is relayed when the other backend fails too."""
     spec_upstream.fail_status = status
+    base_upstream.fail_status = status
     resp = await gateway.post(
         "/v1/chat/completions", json=chat("hi"), headers={"x-specroute-route": "speculative"}
     )
     assert resp.status == status
-    assert resp.headers["x-specroute-route"] == "speculative"
+    answered = "speculative" if status < 500 else "baseline"
+    assert resp.headers["x-specroute-route"] == answered
     body = await resp.json()
-    assert body["error"]["message"] == "speculative fails on purpose"
+    assert body["error"]["message"] == f"{answered} fails on purpose"
     assert body["error"]["code"] == status
+    assert len(base_upstream.received) == (status >= 500)
 
 
-async def test_unreachable_backend_is_502(
-    aiohttp_client: ClientFactory,
-    unused_tcp_port: int,
-    base_server: TestServer,
-    tokens: TokenCounter,
+async def test_unreachable_backends_are_502(
+    aiohttp_client: ClientFactory, unused_tcp_port_factory: Any, tokens: TokenCounter
 ) -> None:
-    dead = f"http://127.0.0.1:{unused_tcp_port}"
-    config = make_config(dead, str(base_server.make_url("")))
-    client = await aiohttp_client(create_app(config, tokens=tokens))
+    dead = [f"http://127.0.0.1:{unused_tcp_port_factory()}" for _ in range(2)]
+    client = await aiohttp_client(create_app(make_config(*dead), tokens=tokens))
     resp = await client.post(
         "/v1/chat/completions", json=chat("hi"), headers={"x-specroute-route": "speculative"}
     )
     error = await error_of(resp, 502)
     assert error["code"] == "connect"
-    assert "speculative" in error["message"]
+    assert "unreachable" in error["message"]
     metrics = await (await client.get("/metrics")).text()
     assert 'specroute_upstream_errors_total{backend="speculative",kind="connect"} 1.0' in metrics

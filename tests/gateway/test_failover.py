@@ -1,0 +1,275 @@
+"""Each backend is the other's fallback: failover, retry budget, ejection, admission, broken streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from classifier.tokens import TokenCounter
+from gateway.app import create_app
+from gateway.state import BACKENDS, SESSION
+from tests.gateway.conftest import ClientFactory, make_config
+from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.test_observability import samples
+from tests.gateway.test_routing import chat
+
+Client = TestClient[web.Request, web.Application]
+SPEC = {"x-specroute-route": "speculative"}
+STRUCTURED = chat("JSON please", temperature=0, response_format={"type": "json_object"})
+
+
+async def gateway_with(
+    aiohttp_client: ClientFactory,
+    spec_url: str,
+    base_url: str,
+    tokens: TokenCounter,
+    **sections: dict[str, Any],
+) -> Client:
+    return await aiohttp_client(
+        create_app(make_config(spec_url, base_url, **sections), tokens=tokens)
+    )
+
+
+async def test_refused_connection_fails_over_to_the_other_backend(
+    aiohttp_client: ClientFactory,
+    unused_tcp_port: int,
+    base_server: TestServer,
+    base_upstream: FakeUpstream,
+    tokens: TokenCounter,
+) -> None:
+    client = await gateway_with(
+        aiohttp_client, f"http://127.0.0.1:{unused_tcp_port}", str(base_server.make_url("")), tokens
+    )
+    resp = await client.post("/v1/chat/completions", json=chat("hi", stream=True), headers=SPEC)
+    assert resp.status == 200
+    assert resp.headers["x-specroute-route"] == "baseline"
+    assert resp.headers["x-specroute-failover"] == "speculative"
+    assert (await resp.read()).endswith(b"data: [DONE]\n\n")
+    m = samples(await (await client.get("/metrics")).text())
+    assert (
+        m[
+            (
+                "specroute_failovers_total",
+                (("from_backend", "speculative"), ("to_backend", "baseline")),
+            )
+        ]
+        == 1
+    )
+    assert (
+        m[("specroute_upstream_errors_total", (("backend", "speculative"), ("kind", "connect")))]
+        == 1
+    )
+    assert (
+        m[
+            (
+                "specroute_requests_total",
+                (("route", "baseline"), ("status", "2xx"), ("workload", "chat")),
+            )
+        ]
+        == 1
+    )
+
+
+async def test_5xx_before_any_byte_fails_over_and_4xx_does_not(
+    gateway: Client, spec_upstream: FakeUpstream, base_upstream: FakeUpstream
+) -> None:
+    spec_upstream.fail_status = 503
+    resp = await gateway.post("/v1/chat/completions", json=STRUCTURED)
+    assert resp.status == 200 and resp.headers["x-specroute-route"] == "baseline"
+    spec_upstream.fail_status = 400
+    resp = await gateway.post("/v1/chat/completions", json=STRUCTURED)
+    assert resp.status == 400 and resp.headers["x-specroute-route"] == "speculative"
+    assert len(base_upstream.received) == 1
+
+
+async def test_no_failover_beyond_the_retry_budget(
+    aiohttp_client: ClientFactory,
+    spec_server: TestServer,
+    base_server: TestServer,
+    spec_upstream: FakeUpstream,
+    base_upstream: FakeUpstream,
+    tokens: TokenCounter,
+) -> None:
+    client = await gateway_with(
+        aiohttp_client,
+        str(spec_server.make_url("")),
+        str(base_server.make_url("")),
+        tokens,
+        upstream={"retry_budget_ratio": 0.0, "retry_budget_min": 0},
+    )
+    spec_upstream.fail_status = 500
+    resp = await client.post("/v1/chat/completions", json=STRUCTURED)
+    assert resp.status == 500 and resp.headers["x-specroute-route"] == "speculative"
+    assert not base_upstream.received
+
+
+async def test_retry_budget_allows_a_few_concurrent_retries_then_stops(
+    aiohttp_client: ClientFactory,
+    spec_server: TestServer,
+    base_server: TestServer,
+    spec_upstream: FakeUpstream,
+    base_upstream: FakeUpstream,
+    tokens: TokenCounter,
+) -> None:
+    """Budget of 2 retries in flight: of 6 concurrent failing requests, 2 are retried."""
+    client = await gateway_with(
+        aiohttp_client,
+        str(spec_server.make_url("")),
+        str(base_server.make_url("")),
+        tokens,
+        upstream={"retry_budget_ratio": 0.0, "retry_budget_min": 2, "eject_after_failures": 100},
+    )
+    spec_upstream.fail_status = 500
+    base_upstream.chunk_delay_s = 0.1  # retried requests stay in flight a while
+    responses = await asyncio.gather(
+        *(client.post("/v1/chat/completions", json=STRUCTURED) for _ in range(6))
+    )
+    statuses = sorted(r.status for r in responses)
+    assert statuses == [200, 200, 500, 500, 500, 500]
+
+
+async def test_passive_ejection_and_readmission(
+    aiohttp_client: ClientFactory,
+    spec_server: TestServer,
+    base_server: TestServer,
+    spec_upstream: FakeUpstream,
+    tokens: TokenCounter,
+) -> None:
+    client = await gateway_with(
+        aiohttp_client,
+        str(spec_server.make_url("")),
+        str(base_server.make_url("")),
+        tokens,
+        upstream={"eject_after_failures": 2, "eject_s": 0.5, "health_interval_s": 0.1},
+    )
+    pool = client.app[BACKENDS]
+    spec_upstream.fail_status = 500  # its /health still says OK: only traffic shows the fault
+    for _ in range(2):
+        assert (await client.post("/v1/chat/completions", json=STRUCTURED)).status == 200
+    assert not pool.live_state().speculative.healthy
+    m = samples(await (await client.get("/metrics")).text())
+    assert m[("specroute_backend_up", (("backend", "speculative"),))] == 0
+    resp = await client.post("/v1/chat/completions", json=STRUCTURED)
+    assert resp.headers["x-specroute-reason"] == "unhealthy-fallback"
+    assert (await (await client.get("/ready")).json())["backends"]["speculative"] is False
+
+    spec_upstream.fail_status = None
+    await asyncio.sleep(0.8)  # ejection over; the next probe readmits it
+    assert pool.live_state().speculative.healthy
+    resp = await client.post("/v1/chat/completions", json=STRUCTURED)
+    assert resp.headers["x-specroute-route"] == "speculative"
+
+
+async def test_the_last_healthy_backend_is_never_ejected(
+    aiohttp_client: ClientFactory,
+    spec_server: TestServer,
+    unused_tcp_port: int,
+    spec_upstream: FakeUpstream,
+    tokens: TokenCounter,
+) -> None:
+    client = await gateway_with(
+        aiohttp_client,
+        str(spec_server.make_url("")),
+        f"http://127.0.0.1:{unused_tcp_port}",
+        tokens,
+        upstream={"eject_after_failures": 1},
+    )
+    pool = client.app[BACKENDS]
+    await pool.probe_all(client.app[SESSION], 1.0)
+    assert not pool.live_state().baseline.healthy
+    spec_upstream.fail_status = 500
+    for _ in range(3):
+        await (await client.post("/v1/chat/completions", json=STRUCTURED)).read()
+    assert pool.live_state().speculative.healthy
+    assert (await client.get("/ready")).status == 200
+
+
+async def test_admission_limit_fails_over_then_answers_429(
+    aiohttp_client: ClientFactory,
+    spec_server: TestServer,
+    base_server: TestServer,
+    spec_upstream: FakeUpstream,
+    base_upstream: FakeUpstream,
+    tokens: TokenCounter,
+) -> None:
+    client = await gateway_with(
+        aiohttp_client,
+        str(spec_server.make_url("")),
+        str(base_server.make_url("")),
+        tokens,
+    )
+    for backend in client.app[BACKENDS]:
+        backend.max_inflight = 1
+    spec_upstream.chunk_delay_s = base_upstream.chunk_delay_s = 0.2
+    first = asyncio.create_task(client.post("/v1/chat/completions", json=STRUCTURED))
+    await asyncio.wait_for(spec_upstream.arrived.wait(), 5)
+    second = asyncio.create_task(client.post("/v1/chat/completions", json=STRUCTURED))
+    await asyncio.wait_for(base_upstream.arrived.wait(), 5)
+    third = await client.post("/v1/chat/completions", json=STRUCTURED)
+    assert third.status == 429
+    assert third.headers["Retry-After"] == "1"
+    assert (await third.json())["error"]["code"] == "overloaded"
+    r1, r2 = await first, await second
+    assert (r1.headers["x-specroute-route"], r2.headers["x-specroute-route"]) == (
+        "speculative",
+        "baseline",
+    )
+    assert r2.headers["x-specroute-failover"] == "speculative"
+
+
+async def test_upstream_dying_mid_stream_ends_the_stream_with_an_error_event(
+    gateway: Client, spec_upstream: FakeUpstream, base_upstream: FakeUpstream
+) -> None:
+    spec_upstream.drop_after = 3
+    resp = await gateway.post("/v1/chat/completions", json=chat("hi", stream=True), headers=SPEC)
+    body = await resp.read()
+    events = [e for e in body.split(b"\n\n") if e]
+    assert len(events) == 5  # 3 relayed, the error, [DONE]
+    error = json.loads(events[3][len(b"data: ") :])["error"]
+    assert error["code"] == "upstream_broken"
+    assert events[4] == b"data: [DONE]"
+    assert not base_upstream.received  # bytes were sent: no retry
+    m = samples(await (await gateway.get("/metrics")).text())
+    assert (
+        m[
+            (
+                "specroute_upstream_errors_total",
+                (("backend", "speculative"), ("kind", "upstream_broken")),
+            )
+        ]
+        == 1
+    )
+    assert (
+        m[
+            (
+                "specroute_requests_total",
+                (("route", "speculative"), ("status", "stream_error"), ("workload", "chat")),
+            )
+        ]
+        == 1
+    )
+
+
+async def test_stalled_stream_is_cut_by_the_read_timeout(
+    aiohttp_client: ClientFactory,
+    spec_server: TestServer,
+    base_server: TestServer,
+    spec_upstream: FakeUpstream,
+    tokens: TokenCounter,
+) -> None:
+    client = await gateway_with(
+        aiohttp_client,
+        str(spec_server.make_url("")),
+        str(base_server.make_url("")),
+        tokens,
+        upstream={"read_timeout_s": 0.3},
+    )
+    spec_upstream.stall_after = 2
+    resp = await client.post("/v1/chat/completions", json=chat("hi", stream=True), headers=SPEC)
+    events = [e for e in (await resp.read()).split(b"\n\n") if e]
+    assert json.loads(events[2][len(b"data: ") :])["error"]["code"] == "upstream_stall"
+    assert events[-1] == b"data: [DONE]"
