@@ -15,29 +15,22 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from classifier.policy import Policy, Route, RulesPolicy, StaticPolicy
 from classifier.tokens import TokenCounter, load_tiktoken_counter
 from gateway import handlers
+from gateway.auth import Keys, auth_middleware
 from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.errors import error_middleware
 from gateway.outcome_log import OutcomeLog
-from gateway.state import BACKENDS, CONFIG, METRICS, OUTCOME_LOG, POLICY, SESSION, TOKENS
+from gateway.runtime import Runtime
+from gateway.state import BACKENDS, CONFIG, METRICS, OUTCOME_LOG, RUNTIME, SESSION, TOKENS
 from gateway.telemetry import Metrics
 
 
-def build_policy(config: Config) -> Policy:
-    name = config.routing.policy
-    if name == "static-speculative":
-        return StaticPolicy(Route.SPECULATIVE)
-    if name == "static-baseline":
-        return StaticPolicy(Route.BASELINE)
-    return RulesPolicy(config.routing.rules)
-
-
 def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.Application:
+    runtime = Runtime(config)
     app = web.Application(
-        middlewares=[error_middleware],
+        middlewares=[error_middleware, auth_middleware(_current_keys)],
         client_max_size=config.server.max_body_bytes,
     )
     metrics = Metrics()
@@ -50,7 +43,7 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
         eject_after_failures=config.upstream.eject_after_failures,
         eject_s=config.upstream.eject_s,
     )
-    app[POLICY] = build_policy(config)
+    app[RUNTIME] = runtime
     app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background_tasks)
@@ -62,6 +55,10 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app.router.add_get("/ready", handlers.ready)
     app.router.add_get("/metrics", handlers.metrics)
     return app
+
+
+def _current_keys(request: web.Request) -> Keys:
+    return request.app[RUNTIME].current.keys
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import sys
 from pathlib import Path
-
-from aiohttp import web
 
 from classifier.policy import Route
 from gateway.config import (
@@ -100,11 +99,17 @@ def _parse_backends(items: list[str]) -> dict[Route, str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.app import create_app
+    from gateway.serve import serve
 
-    config = resolve_config(args.config, args.host, args.port, args.backend)
+    config_path = args.config
+    if config_path is None and Path("config.toml").exists():
+        config_path = Path("config.toml")
+
+    def reread() -> Config:
+        return resolve_config(config_path, args.host, args.port, args.backend)
+
+    config = reread()
     configure_logging(config.logging.level)
-    app = create_app(config)
     print(
         f"specroute gateway on http://{config.server.host}:{config.server.port}/v1 "
         f"(speculative={','.join(config.backends.speculative.urls)} "
@@ -112,16 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    # run_app leaves handler cancellation off; the gateway needs it so that a
-    # client disconnect cancels the upstream request and vLLM aborts it.
-    web.run_app(
-        app,
-        host=config.server.host,
-        port=config.server.port,
-        handler_cancellation=True,
-        print=None,
-        access_log=None,
-    )
+    asyncio.run(serve(config, reread if config_path is not None else None))
     return 0
 
 

@@ -31,6 +31,12 @@ class ServerConfig:
     port: int = 8080
     max_body_bytes: int = 4 * 1024 * 1024
     allow_route_override: bool = True
+    # A client must finish sending its body within this time (else 408).
+    # Slow header reads are the front proxy's job (nginx, envoy, the LB).
+    body_read_timeout_s: float = 30.0
+    # On SIGTERM: /ready turns 503 and new requests are refused; in-flight
+    # answers get this long to finish before they are cancelled.
+    drain_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,16 @@ class OutcomeLogConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthConfig:
+    # Gateway API keys, never in this file: an environment variable holding
+    # comma-separated keys and/or a file with one key per line. Neither set:
+    # no auth. /metrics can have its own bearer token (environment variable).
+    api_keys_env: str = ""
+    api_keys_file: str = ""
+    metrics_token_env: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class LoggingConfig:
     level: str = "info"
 
@@ -111,6 +127,7 @@ class Config:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     outcome_log: OutcomeLogConfig = field(default_factory=OutcomeLogConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
 
 
 _POLICIES = ("rules", "static-speculative", "static-baseline")
@@ -163,6 +180,8 @@ def _check(cfg: Config) -> None:
         "routing.rules.prefill_ratio": cfg.routing.rules.prefill_ratio,
         "routing.rules.spec_max_inflight": cfg.routing.rules.spec_max_inflight,
         "outcome_log.max_bytes": cfg.outcome_log.max_bytes,
+        "server.body_read_timeout_s": cfg.server.body_read_timeout_s,
+        "server.drain_s": cfg.server.drain_s,
     }
     for key, value in positive.items():
         if value <= 0:

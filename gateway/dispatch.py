@@ -18,7 +18,7 @@ from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.errors import APIError
 from gateway.proxy import Exchange, Target, UpstreamFailure, failure_response, open_upstream, relay
-from gateway.state import BACKENDS, CONFIG, SESSION
+from gateway.state import BACKENDS, SESSION
 
 ROUTE_HEADER = "x-specroute-route"
 REASON_HEADER = "x-specroute-reason"
@@ -39,15 +39,17 @@ class _FailOver:
     """Returned by the first attempt when the other backend should answer."""
 
 
-async def dispatch(request: web.Request, routed: Routed, exchange: Exchange) -> web.StreamResponse:
+async def dispatch(
+    request: web.Request, routed: Routed, exchange: Exchange, config: Config
+) -> web.StreamResponse:
     pool = request.app[BACKENDS]
-    route = _admit(pool, request.app[CONFIG], routed.route, exchange)
-    answer = await _attempt(request, routed, exchange, route, may_retry=True)
+    route = _admit(pool, config, routed.route, exchange)
+    answer = await _attempt(request, routed, exchange, config, route, may_retry=True)
     if isinstance(answer, web.StreamResponse):
         return answer
     exchange.failover_from = route
     try:
-        retried = await _attempt(request, routed, exchange, route.other, may_retry=False)
+        retried = await _attempt(request, routed, exchange, config, route.other, may_retry=False)
     finally:
         pool.release_retry()
     assert isinstance(retried, web.StreamResponse)
@@ -55,10 +57,16 @@ async def dispatch(request: web.Request, routed: Routed, exchange: Exchange) -> 
 
 
 async def _attempt(
-    request: web.Request, routed: Routed, exchange: Exchange, route: Route, *, may_retry: bool
+    request: web.Request,
+    routed: Routed,
+    exchange: Exchange,
+    config: Config,
+    route: Route,
+    *,
+    may_retry: bool,
 ) -> web.StreamResponse | _FailOver:
     app = request.app
-    config, pool = app[CONFIG], app[BACKENDS]
+    pool = app[BACKENDS]
     backend = pool.of(route)
     upstream = backend.pick()
     exchange.route = route

@@ -16,11 +16,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from classifier.features import Endpoint, RequestFeatures, extract_features
 from classifier.policy import Decision, Route
+from gateway.config import Config
 from gateway.dispatch import ROUTE_HEADER, Routed, dispatch
 from gateway.errors import APIError, error_response
 from gateway.outcome import outcome_record, record_outcome
 from gateway.proxy import Exchange
-from gateway.state import BACKENDS, CONFIG, METRICS, OUTCOME_LOG, POLICY, SESSION, TOKENS
+from gateway.state import BACKENDS, METRICS, OUTCOME_LOG, RUNTIME, SESSION, TOKENS
 from gateway.validation import parse_body
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -38,7 +39,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     started = time.perf_counter()
     app = request.app
-    config = app[CONFIG]
+    snapshot = app[RUNTIME].current  # one config for the whole request, whatever reloads
+    config = snapshot.config
     request_id = _request_id(request)
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id, endpoint=endpoint.value)
@@ -48,7 +50,11 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     features: RequestFeatures | None = None
     decision: Decision | None = None
     try:
-        raw = await _read_json_body(request)
+        if app[RUNTIME].draining:
+            raise APIError(
+                503, "the gateway is shutting down", code="draining", headers={"Retry-After": "1"}
+            )
+        raw = await _read_json_body(request, config.server.body_read_timeout_s)
         body = parse_body(raw, endpoint)
         features = extract_features(
             body,
@@ -59,11 +65,11 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             long_prompt_tokens=config.routing.long_prompt_tokens,
         )
         state = app[BACKENDS].live_state()
-        decision = _override(request) or app[POLICY].decide(features, state)
+        decision = _override(request, config) or snapshot.policy.decide(features, state)
         raw, strip_usage = _ask_for_usage(body, raw)
         exchange.waiting = state.of(decision.route).waiting
         routed = Routed(decision.route, decision.reason, raw, strip_usage, request_id)
-        return await dispatch(request, routed, exchange)
+        return await dispatch(request, routed, exchange, config)
     except APIError as exc:
         exchange.status = exc.status
         raise
@@ -97,17 +103,21 @@ def _request_id(request: web.Request) -> str:
     return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
-async def _read_json_body(request: web.Request) -> bytes:
+async def _read_json_body(request: web.Request, timeout_s: float) -> bytes:
     if request.content_type not in _JSON_TYPES and not request.content_type.endswith("+json"):
         raise APIError(
             415, f"unsupported content type {request.content_type!r}: send application/json"
         )
-    return await request.read()
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise APIError(408, f"request body not received within {timeout_s:g} s") from None
 
 
-def _override(request: web.Request) -> Decision | None:
+def _override(request: web.Request, config: Config) -> Decision | None:
     wanted = request.headers.get(ROUTE_HEADER)
-    if wanted is None or not request.app[CONFIG].server.allow_route_override:
+    if wanted is None or not config.server.allow_route_override:
         return None
     try:
         return Decision(route=Route(wanted.strip().lower()), reason="override")
@@ -138,7 +148,7 @@ async def models(request: web.Request) -> web.Response:
     """The union of the backends' models (they normally serve the same one)."""
     app = request.app
     session = app[SESSION]
-    timeout = app[CONFIG].upstream.health_timeout_s
+    timeout = app[RUNTIME].current.config.upstream.health_timeout_s
     urls = [(b, u.url) for b in app[BACKENDS] for u in b.upstreams]
     answers = await asyncio.gather(
         *(_get_models(session, url, b.headers, timeout) for b, url in urls)
@@ -176,7 +186,10 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     app = request.app
-    any_up = await app[BACKENDS].probe_all(app[SESSION], app[CONFIG].upstream.health_timeout_s)
+    if app[RUNTIME].draining:
+        return error_response(503, "the gateway is shutting down", code="draining")
+    timeout = app[RUNTIME].current.config.upstream.health_timeout_s
+    any_up = await app[BACKENDS].probe_all(app[SESSION], timeout)
     backends = {b.route.value: b.healthy for b in app[BACKENDS]}
     if not any_up:
         return error_response(503, f"no backend is healthy: {backends}", code="not_ready")

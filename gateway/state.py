@@ -5,17 +5,17 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from classifier.policy import Policy
 from classifier.tokens import TokenCounter
 from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.outcome_log import OutcomeLog
+from gateway.runtime import Runtime
 from gateway.telemetry import Metrics
 
-CONFIG = web.AppKey("config", Config)
+CONFIG = web.AppKey("config", Config)  # as at start: what resources were built from
 METRICS = web.AppKey("metrics", Metrics)
 BACKENDS = web.AppKey("backends", BackendPool)
-POLICY = web.AppKey("policy", Policy)
+RUNTIME = web.AppKey("runtime", Runtime)  # the reloadable part: config, policy, keys
 TOKENS = web.AppKey("tokens", TokenCounter)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 OUTCOME_LOG = web.AppKey("outcome_log", OutcomeLog)  # only set when configured

@@ -30,6 +30,7 @@ class FakeUpstream:
     tokens_per_event: int = 1  # tokens each streamed event stands for, in the usage
     metrics_text: str = ""  # what /metrics answers (404 when empty)
     received: list[dict[str, Any]] = field(default_factory=list)
+    headers_seen: list[dict[str, str]] = field(default_factory=list)
     sent_streams: list[bytes] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -58,6 +59,7 @@ class FakeUpstream:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append(body)
+        self.headers_seen.append(dict(request.headers))
         self.arrived.set()
         chat = request.path.endswith("/chat/completions")
         if self.fail_status is not None:
