@@ -4,7 +4,23 @@ No aiohttp and no I/O at decision time (DESIGN.md); the one exception is
 load_tiktoken_counter, which seeds tiktoken's cache once at start.
 """
 
+from classifier.acceptance import AcceptancePriors
+from classifier.acceptance_model import (
+    AcceptanceModel,
+    AcceptanceRecord,
+    ModelFileError,
+    fit_acceptance_model,
+    load_acceptance_model,
+)
+from classifier.costmodel import (
+    COST_MODEL_REASONS,
+    CostModelConfig,
+    CostModelPolicy,
+    Observation,
+    send_batch,
+)
 from classifier.features import Endpoint, RequestFeatures, Workload, extract_features
+from classifier.latency import LatencyParameters, LatencyPriors
 from classifier.policy import (
     BackendState,
     Decision,
@@ -18,10 +34,20 @@ from classifier.policy import (
 from classifier.tokens import TokenCounter, TokenizerUnavailable, load_tiktoken_counter
 
 __all__ = [
+    "COST_MODEL_REASONS",
+    "AcceptanceModel",
+    "AcceptancePriors",
+    "AcceptanceRecord",
     "BackendState",
+    "CostModelConfig",
+    "CostModelPolicy",
     "Decision",
     "Endpoint",
+    "LatencyParameters",
+    "LatencyPriors",
     "LiveState",
+    "ModelFileError",
+    "Observation",
     "Policy",
     "RequestFeatures",
     "Route",
@@ -32,5 +58,8 @@ __all__ = [
     "TokenizerUnavailable",
     "Workload",
     "extract_features",
+    "fit_acceptance_model",
+    "load_acceptance_model",
     "load_tiktoken_counter",
+    "send_batch",
 ]

@@ -37,10 +37,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ROUTE=URL",
         help="speculative=URL or baseline=URL; overrides the config file",
     )
+    train = commands.add_parser("train", help="fit the acceptance model from outcome logs")
+    train.add_argument("outcomes", type=Path, nargs="+", help="outcome log JSONL file(s)")
+    train.add_argument("--out", type=Path, required=True, help="model file to write (JSON)")
+    train.add_argument(
+        "--num-speculative-tokens", type=int, default=4, help="k of the speculative server"
+    )
+
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "train":
+            from gateway.train import run
+
+            return run(args.outcomes, args.out, args.num_speculative_tokens)
     except ConfigError as exc:
         print(f"specroute: {exc}", file=sys.stderr)
         return 2

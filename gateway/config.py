@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import tomllib
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from classifier.costmodel import CostModelConfig
 from classifier.policy import Route, RulesConfig
 
 
@@ -88,12 +90,15 @@ class BackendsConfig:
 
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
-    policy: str = "rules"
+    policy: str = "cost-model"
     tokenizer: str = "cl100k_base"
     default_temperature: float = 1.0
     default_output_tokens: int = 256
     long_prompt_tokens: int = 2048
+    # Optional acceptance model from `specroute train` (JSON); "" = online only.
+    model_path: str = ""
     rules: RulesConfig = field(default_factory=RulesConfig)
+    cost_model: CostModelConfig = field(default_factory=CostModelConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +135,12 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
 
 
-_POLICIES = ("rules", "static-speculative", "static-baseline")
+_POLICIES = ("cost-model", "rules", "static-speculative", "static-baseline")
+# Keys that exist in a nested dataclass but are set elsewhere in the file.
+_SET_ELSEWHERE = {
+    "routing.cost_model.num_speculative_tokens": "backends.speculative.num_speculative_tokens",
+    "routing.cost_model.draft_cost_ratio": "backends.speculative.draft_cost_ratio",
+}
 _LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -219,6 +229,8 @@ def _build(cls: type[Any], raw: Any, path: str) -> Any:
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     for key in raw:
+        if (elsewhere := _SET_ELSEWHERE.get(_join(path, key))) is not None:
+            raise ConfigError(f"config: {_join(path, key)!r} is set as {elsewhere!r}")
         if key not in known:
             raise ConfigError(f"config: unknown key {_join(path, key)!r}")
     kwargs: dict[str, Any] = {}
@@ -232,13 +244,19 @@ def _build(cls: type[Any], raw: Any, path: str) -> Any:
                 raise ConfigError(f"config: missing key {key!r}")
             continue
         kwargs[name] = _convert(hints[name], raw[name], key)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:  # a dataclass's own validation
+        raise ConfigError(f"config: {path}: {exc}") from None
 
 
 def _convert(hint: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return _build(typing.cast(type[Any], hint), value, key)
     origin = typing.get_origin(hint)
+    if origin is types.UnionType:  # `X | None`: TOML has no null, a present key is an X
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(inner, value, key)
     if origin is tuple:
         (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
         if isinstance(value, str):

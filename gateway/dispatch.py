@@ -23,6 +23,7 @@ from gateway.state import BACKENDS, SESSION
 ROUTE_HEADER = "x-specroute-route"
 REASON_HEADER = "x-specroute-reason"
 FAILOVER_HEADER = "x-specroute-failover"
+PREDICTED_HEADER = "x-specroute-predicted"
 _RELAY_FAILURES = ("upstream_broken", "upstream_stall", "http_5xx")
 
 
@@ -33,6 +34,7 @@ class Routed:
     body: bytes
     strip_usage_chunk: bool
     request_id: str
+    predicted: str | None = None  # both predicted latencies, for the response header
 
 
 class _FailOver:
@@ -77,6 +79,8 @@ async def _attempt(
     }
     if exchange.failover_from is not None:
         headers[FAILOVER_HEADER] = exchange.failover_from.value
+    if routed.predicted is not None:
+        headers[PREDICTED_HEADER] = routed.predicted
     with pool.track(backend, upstream):
         exchange.batch = backend.inflight
         try:

@@ -15,10 +15,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from classifier.features import Endpoint, RequestFeatures, extract_features
-from classifier.policy import Decision, Route
+from classifier.policy import Decision, LiveState, Route
 from gateway.config import Config
 from gateway.dispatch import ROUTE_HEADER, Routed, dispatch
 from gateway.errors import APIError, error_response
+from gateway.learning import learn, predicted_header
 from gateway.outcome import outcome_record, record_outcome
 from gateway.proxy import Exchange
 from gateway.state import BACKENDS, METRICS, OUTCOME_LOG, RUNTIME, SESSION, TOKENS
@@ -49,6 +50,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     body: dict[str, Any] = {}
     features: RequestFeatures | None = None
     decision: Decision | None = None
+    state: LiveState | None = None
     try:
         if app[RUNTIME].draining:
             raise APIError(
@@ -68,7 +70,14 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         decision = _override(request, config) or snapshot.policy.decide(features, state)
         raw, strip_usage = _ask_for_usage(body, raw)
         exchange.waiting = state.of(decision.route).waiting
-        routed = Routed(decision.route, decision.reason, raw, strip_usage, request_id)
+        routed = Routed(
+            decision.route,
+            decision.reason,
+            raw,
+            strip_usage,
+            request_id,
+            predicted_header(decision),
+        )
         return await dispatch(request, routed, exchange, config)
     except APIError as exc:
         exchange.status = exc.status
@@ -87,6 +96,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             exchange,
             num_speculative_tokens=config.backends.speculative.num_speculative_tokens,
         )
+        learn(snapshot.policy, app[METRICS], features, decision, state, exchange, acceptance)
         if (outcomes := app.get(OUTCOME_LOG)) is not None and decision is not None:
             prompt = _prompt_of(body) if config.outcome_log.include_prompts else None
             outcomes.write(

@@ -9,7 +9,10 @@ restart; a reload that changes them is refused whole, with a log line.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+from classifier.acceptance_model import AcceptanceModel, ModelFileError, load_acceptance_model
+from classifier.costmodel import CostModelPolicy
 from classifier.policy import Policy, Route, RulesPolicy, StaticPolicy
 from gateway.auth import Keys, load_keys
 from gateway.config import Config, ConfigError
@@ -42,11 +45,33 @@ class Runtime:
 
 def build_policy(config: Config) -> Policy:
     name = config.routing.policy
+    if name == "cost-model":
+        spec = config.backends.speculative
+        cost = replace(
+            config.routing.cost_model,
+            num_speculative_tokens=spec.num_speculative_tokens,
+            draft_cost_ratio=spec.draft_cost_ratio,
+        )
+        return CostModelPolicy(cost, load_model(config.routing.model_path))
     if name == "static-speculative":
         return StaticPolicy(Route.SPECULATIVE)
     if name == "static-baseline":
         return StaticPolicy(Route.BASELINE)
     return RulesPolicy(config.routing.rules)
+
+
+def load_model(path: str) -> AcceptanceModel | None:
+    """The offline acceptance model, if configured; a bad file is a config error."""
+    if not path:
+        return None
+    try:
+        return load_acceptance_model(Path(path).read_bytes())
+    except OSError as exc:
+        raise ConfigError(
+            f"config: routing.model_path: cannot read {path}: {exc.strerror}"
+        ) from None
+    except ModelFileError as exc:
+        raise ConfigError(f"config: routing.model_path: {path}: {exc}") from None
 
 
 def restart_only_changes(old: Config, new: Config) -> list[str]:

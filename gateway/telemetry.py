@@ -96,6 +96,19 @@ class Metrics:
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
             registry=r,
         )
+        self.prediction_ratio = Histogram(
+            "specroute_latency_prediction_ratio",
+            "Measured / predicted end-to-end latency of the route taken (1 = exact).",
+            ["route"],
+            buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4),
+            registry=r,
+        )
+        self.estimated_acceptance = Gauge(
+            "specroute_estimated_acceptance",
+            "The cost model's per-position draft acceptance estimate a, by workload.",
+            ["workload"],
+            registry=r,
+        )
         self.backend_running = Gauge(
             "specroute_backend_running",
             "Requests the backend reports running (vllm:num_requests_running); NaN if unknown.",

@@ -44,6 +44,8 @@ def make_config(spec_url: str, base_url: str, **sections: dict[str, object]) -> 
     raw: dict[str, object] = {
         "backends": {"speculative": {"urls": [spec_url]}, "baseline": {"urls": [base_url]}},
         "upstream": {"health_interval_s": 0.2, "connect_timeout_s": 1.0, "read_timeout_s": 5.0},
+        # Most gateway tests check the rules' routes; the cost model has its own tests.
+        "routing": {"policy": "rules"},
     }
     for name, values in sections.items():
         merged = dict(raw.get(name, {}))  # type: ignore[call-overload]

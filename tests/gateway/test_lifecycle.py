@@ -32,6 +32,8 @@ drain_s = 5.0
 urls = ["{spec.make_url("")}"]
 [backends.baseline]
 urls = ["{base.make_url("")}"]
+[routing]
+policy = "rules"
 {extra}
 """
     )

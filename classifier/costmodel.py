@@ -1,0 +1,252 @@
+"""CostModelPolicy: send each request where its predicted latency is smaller.
+
+    predicted(route) = LatencyModel(route, prompt tokens, expected output
+                       tokens, batch on that backend, waiting there,
+                       tokens per step = 1 | tokens_per_step(a, k))
+
+with a from the AcceptanceEstimator and the output length from the
+OutputLengthModel; all three learn from observe(), which the gateway calls
+once per finished request. Order of a decision:
+
+1. guards, explicit and first: the speculative server's KV cache nearly full
+   ("kv-pressure") or its batch at the limit ("spec-busy") -> baseline, as in
+   RulesPolicy. These are the cases where speculation can hurt everyone on
+   that server, so they are not left to a model that might be wrong.
+2. the smaller prediction: "spec-predicted-faster" / "baseline-predicted-faster".
+3. exploration: with probability explore_share, and never beyond that share
+   of all decisions so far (plus a burst of 5), the predicted-slower route
+   instead ("explore").
+   Only where safe: not under a guard, both backends healthy, and the slower
+   route predicted at most explore_max_slowdown times the faster. Without it a
+   workload whose prior says "baseline" would never show its acceptance.
+4. unhealthy fallback, as RulesPolicy.
+
+Randomness comes only from the policy's own random.Random(seed), so the same
+seed and the same calls give the same decisions. Not thread-safe: the gateway
+calls decide and observe from its one event loop.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from classifier.acceptance import AcceptanceEstimator, AcceptancePriors
+from classifier.acceptance_model import AcceptanceModel
+from classifier.features import RequestFeatures, Workload
+from classifier.latency import LatencyModel, LatencyParameters, LatencyPriors
+from classifier.output_length import OutputLengthModel
+from classifier.policy import BackendState, Decision, LiveState, Route
+from classifier.speculation import expected_tokens_per_step
+
+__all__ = [
+    "COST_MODEL_REASONS",
+    "CostModelConfig",
+    "CostModelPolicy",
+    "Observation",
+    "send_batch",
+]
+
+SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
+COST_MODEL_REASONS = (
+    "kv-pressure",
+    "spec-busy",
+    "spec-predicted-faster",
+    "baseline-predicted-faster",
+    "explore",
+    "unhealthy-fallback",
+)
+_FASTER = {SPEC: "spec-predicted-faster", BASE: "baseline-predicted-faster"}
+# A request whose answer has fewer decode steps than this measures its
+# acceptance coarsely; it counts proportionally less.
+_FULL_WEIGHT_TOKENS = 32.0
+# Exploration is a random draw per decision, so its share is explore_share on
+# average; this slack over the exact share makes the bound hard without
+# throwing away draws that are merely early (a bound at exactly share x n
+# would block most of them and explore half as often as configured).
+_EXPLORE_BURST = 5
+_ERROR_DECAY = 0.98  # prediction error EWMA: about the last 50 requests
+
+
+@dataclass(frozen=True, slots=True)
+class CostModelConfig:
+    num_speculative_tokens: int = 4  # k, from the speculative server's --speculative-config
+    draft_cost_ratio: float = 0.1  # c: one draft pass / one target step
+    explore_share: float = 0.03
+    explore_max_slowdown: float = 2.0  # never explore a route predicted slower than this x
+    spec_max_inflight: int = 16  # speculative batch at/above this -> baseline
+    spec_max_kv_usage: float = 0.9  # speculative KV cache at/above this -> baseline
+    seed: int = 0
+    latency: LatencyPriors = field(default_factory=LatencyPriors)
+    acceptance: AcceptancePriors = field(default_factory=AcceptancePriors)
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1 or not self.draft_cost_ratio >= 0:
+            raise ValueError("cost model: need num_speculative_tokens >= 1, draft_cost_ratio >= 0")
+        if not 0.0 <= self.explore_share <= 0.5 or not self.explore_max_slowdown >= 1.0:
+            raise ValueError(
+                "cost model: need 0 <= explore_share <= 0.5, explore_max_slowdown >= 1"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One finished, successful request, as the gateway measured it.
+
+    prompt_tokens is kept for logs; the fit uses features.prompt_tokens, the
+    gateway's own count, because that is what every prediction is made from
+    (the backend's tokenizer and chat template differ from tiktoken's, and a
+    fit on one count applied to the other would be off by their ratio).
+    """
+
+    route: Route
+    features: RequestFeatures
+    batch: int  # requests in flight on that backend when this one was sent (incl. itself)
+    waiting: int | None  # scraped waiting count at send time, if known
+    ttft_s: float | None  # streamed only
+    duration_s: float
+    prompt_tokens: int  # as reported by the backend's usage
+    completion_tokens: int
+    acceptance: float | None  # accepted/draft tokens of this request (speculative route only)
+    predicted_s: float | None  # what the policy predicted for the route taken
+
+
+def send_batch(backend: BackendState, n: int = 1) -> int:
+    """The batch a request joins: the backend's load (ours or its own, the higher) plus it.
+
+    The gateway fills Observation.batch with this, from the same snapshot it
+    passed to decide, so the model learns on the quantity it predicts with.
+    """
+    return max(backend.inflight, backend.running or 0) + max(n, 1)
+
+
+class CostModelPolicy:
+    """Predicted-latency routing with guards, bounded exploration and online learning."""
+
+    __slots__ = (
+        "_acceptance",
+        "_config",
+        "_decisions",
+        "_errors",
+        "_explored",
+        "_latency",
+        "_outputs",
+        "_rng",
+        "_tps_k",
+    )
+
+    def __init__(self, config: CostModelConfig, model: AcceptanceModel | None = None) -> None:
+        self._config = config
+        k = config.num_speculative_tokens
+        self._tps_k = k
+        self._latency = LatencyModel(config.latency, k, config.draft_cost_ratio)
+        self._acceptance = AcceptanceEstimator(config.acceptance, k, model)
+        self._outputs = OutputLengthModel()
+        self._rng = random.Random(config.seed)
+        self._decisions = 0
+        self._explored = 0
+        self._errors: dict[Route, float] = {}
+
+    @property
+    def config(self) -> CostModelConfig:
+        return self._config
+
+    def predict(self, f: RequestFeatures, state: LiveState) -> dict[Route, float]:
+        """Predicted seconds, send to last byte, on each route for this request now."""
+        out = self._outputs.predict(f)
+        tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
+        spec, base = state.speculative, state.baseline
+        return {
+            SPEC: self._latency.predict(
+                SPEC, f.prompt_tokens, out, send_batch(spec, f.n), spec.waiting or 0, tps
+            ),
+            BASE: self._latency.predict(
+                BASE, f.prompt_tokens, out, send_batch(base, f.n), base.waiting or 0, 1.0
+            ),
+        }
+
+    def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
+        cfg = self._config
+        self._decisions += 1
+        predicted = self.predict(features, state)
+        spec = state.speculative
+        if spec.kv_cache_usage is not None and spec.kv_cache_usage >= cfg.spec_max_kv_usage:
+            route, reason = BASE, "kv-pressure"
+        elif max(spec.inflight, spec.running or 0) >= cfg.spec_max_inflight:
+            route, reason = BASE, "spec-busy"
+        else:
+            route = SPEC if predicted[SPEC] < predicted[BASE] else BASE
+            reason = _FASTER[route]
+            if self._explore(predicted[route], predicted[route.other], state):
+                route, reason = route.other, "explore"
+        if not state.of(route).healthy and state.of(route.other).healthy:
+            return Decision(route.other, "unhealthy-fallback", predicted)
+        return Decision(route, reason, predicted)
+
+    def _explore(self, faster_s: float, slower_s: float, state: LiveState) -> bool:
+        cfg = self._config
+        if not (state.speculative.healthy and state.baseline.healthy):
+            return False
+        if self._explored >= cfg.explore_share * self._decisions + _EXPLORE_BURST:
+            return False  # a hard bound, besides the random draw
+        if slower_s > cfg.explore_max_slowdown * faster_s:
+            return False
+        if self._rng.random() >= cfg.explore_share:
+            return False
+        self._explored += 1
+        return True
+
+    def observe(self, obs: Observation) -> None:
+        """Learn from one finished request (call only for successful answers)."""
+        if not (math.isfinite(obs.duration_s) and obs.duration_s > 0):
+            return
+        f = obs.features
+        per_seq = obs.completion_tokens / max(f.n, 1)
+        if obs.route is SPEC:
+            if obs.acceptance is not None and per_seq >= 2:
+                weight = min(1.0, per_seq / _FULL_WEIGHT_TOKENS)
+                self._acceptance.observe(f, obs.acceptance, weight)
+            if obs.acceptance is not None and math.isfinite(obs.acceptance):
+                tps = 1.0 + self._tps_k * min(max(obs.acceptance, 0.0), 1.0)
+            else:
+                tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
+        else:
+            tps = 1.0
+        self._latency.observe(
+            obs.route,
+            prompt_tokens=f.prompt_tokens,  # the count the prediction uses, not the backend's
+            output_tokens=per_seq,
+            batch=max(obs.batch, 1),
+            waiting=obs.waiting or 0,
+            tokens_per_step=tps,
+            duration_s=obs.duration_s,
+            ttft_s=obs.ttft_s,
+        )
+        self._outputs.observe(f, obs.completion_tokens)
+        if obs.predicted_s is not None and math.isfinite(obs.predicted_s):
+            error = abs(obs.predicted_s - obs.duration_s) / obs.duration_s
+            old = self._errors.get(obs.route)
+            self._errors[obs.route] = (
+                error if old is None else _ERROR_DECAY * old + (1 - _ERROR_DECAY) * error
+            )
+
+    # ---- read-back for metrics and logs --------------------------------------------
+
+    def estimated_acceptance(self) -> dict[Workload, float]:
+        """Per-position acceptance a per workload, as the policy currently believes."""
+        return self._acceptance.by_workload()
+
+    def acceptance_samples(self) -> dict[Workload, float]:
+        return self._acceptance.samples()
+
+    def latency_parameters(self) -> dict[Route, LatencyParameters]:
+        return self._latency.parameters()
+
+    def prediction_error(self) -> dict[Route, float]:
+        """Recent mean |predicted - measured| / measured per route (routes with data only)."""
+        return dict(self._errors)
+
+    def explore_counts(self) -> tuple[int, int]:
+        """(explored, decided) since start."""
+        return self._explored, self._decisions

@@ -1,0 +1,214 @@
+"""Per-route latency model, fitted online from what the backends actually did.
+
+    e2e = queue + prefill + decode
+        = q * waiting + (t0 + p * prompt_tokens) + steps * (s0 + s1 * batch)
+    steps = (output_tokens - 1) / tokens_per_step
+
+The first token comes out of prefill; every later one needs a decode step
+whose cost grows with the batch it shares. A baseline step yields one token;
+a speculative step runs the draft k times and verifies, so it costs more but
+yields tokens_per_step(a, k) tokens. Each route has its own five rates.
+
+The rates start from config priors (the speculative step's prior pays the
+draft: x (1 + k*c)) and are fitted by exponentially weighted least squares
+with a fixed ridge toward the priors. The fit is on multipliers of the priors
+and on latencies divided by the prior's prediction, so every request counts by
+its relative error (a 30 s request does not drown out a 0.3 s one) and the
+ridge means "prior_weight requests' worth of belief" whatever the units. The
+ridge never decays, so a rate the traffic never exercises (say, queueing when
+nothing ever waits) stays at its prior instead of drifting; the data decays,
+so the fit follows a backend that changes. Residuals beyond 4x their running
+scale are clipped and multipliers stay within [1/max_factor, max_factor], so
+one stalled request cannot wreck the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from classifier.policy import Route
+
+__all__ = ["LatencyModel", "LatencyParameters", "LatencyPriors", "RouteFit"]
+
+_N = 5  # t0, p, s0, s1, q
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyPriors:
+    """Starting rates of the baseline engine (config); the fit moves from here."""
+
+    ttft_base_s: float = 0.02  # fixed time to the first token (scheduling, first step)
+    prefill_s_per_token: float = 0.0002
+    step_base_s: float = 0.010  # one decode step of a batch of one
+    step_per_seq_s: float = 0.0005  # what each further sequence in the batch adds to a step
+    queue_s_per_waiting: float = 0.1  # extra wait per request already queued on the backend
+    # The speculative step's rates; None: the baseline's x (1 + k*c), Leviathan's
+    # memory-bound step. Its verify pass computes k + 1 tokens per sequence, so
+    # under load the real per-sequence cost is higher: set it if you know it
+    # (the fit finds it either way).
+    spec_step_base_s: float | None = None
+    spec_step_per_seq_s: float | None = None
+    prior_weight: float = 2.0  # requests' worth of belief in each prior rate (a light pull)
+    memory: float = 2000.0  # requests: the fit's effective window (older ones fade)
+    max_factor: float = 20.0  # fitted rates stay within [prior / f, prior * f]
+
+    def __post_init__(self) -> None:
+        rates = (
+            self.ttft_base_s,
+            self.prefill_s_per_token,
+            self.step_base_s,
+            self.step_per_seq_s,
+            self.queue_s_per_waiting,
+            *(r for r in (self.spec_step_base_s, self.spec_step_per_seq_s) if r is not None),
+        )
+        if not all(math.isfinite(r) and r > 0 for r in rates):
+            raise ValueError("latency priors: every rate must be a finite number > 0")
+        if not (self.prior_weight > 0 and self.memory >= 1 and self.max_factor > 1):
+            raise ValueError("latency priors: need prior_weight > 0, memory >= 1, max_factor > 1")
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyParameters:
+    """One route's current rates, for metrics and logs."""
+
+    ttft_base_s: float
+    prefill_s_per_token: float
+    step_base_s: float
+    step_per_seq_s: float
+    queue_s_per_waiting: float
+    samples: float  # effective (decayed) number of fitted rows
+
+
+class RouteFit:
+    """Online ridge-to-prior fit of one route's five rates."""
+
+    __slots__ = (
+        "_a",
+        "_b",
+        "_clip_scale",
+        "_decay",
+        "_max",
+        "_min",
+        "_prior",
+        "_ridge",
+        "rates",
+        "samples",
+    )
+
+    def __init__(self, prior: tuple[float, ...], priors: LatencyPriors) -> None:
+        self._prior = np.array(prior, dtype=float)
+        self._ridge = priors.prior_weight
+        self._decay = 1.0 - 1.0 / priors.memory
+        self._min, self._max = 1.0 / priors.max_factor, priors.max_factor
+        self._a = np.zeros((_N, _N))
+        self._b = np.zeros(_N)
+        self._clip_scale = 0.15  # running mean |relative residual|
+        self.samples = 0.0  # effective (decayed) number of rows fitted
+        # Plain floats: the decision path reads these, and numpy scalars are slow.
+        self.rates: tuple[float, ...] = tuple(float(v) for v in prior)
+
+    def predict(self, prompt_tokens: float, steps: float, batch: float, waiting: float) -> float:
+        t0, p, s0, s1, q = self.rates
+        return t0 + p * prompt_tokens + steps * (s0 + s1 * batch) + q * waiting
+
+    def add(self, x: tuple[float, ...], y: float) -> None:
+        """Fit one row: y seconds were spent on the cost terms x (same order as the rates)."""
+        xv = np.array(x, dtype=float)
+        terms = xv * self._prior
+        scale = float(terms.sum())  # the prior's prediction: the unit of this row
+        if not (math.isfinite(y) and y > 0 and scale > 0):
+            return
+        z = terms / scale
+        target = y / scale
+        current = float(z @ (np.array(self.rates) / self._prior))
+        relative = target / current - 1.0
+        limit = max(4.0 * self._clip_scale, 0.25)
+        relative = min(max(relative, -limit), limit)
+        self._clip_scale = 0.95 * self._clip_scale + 0.05 * abs(relative)
+        target = current * (1.0 + relative)
+        self._a *= self._decay
+        self._b *= self._decay
+        self._a += np.outer(z, z)
+        self._b += z * target
+        self.samples = self.samples * self._decay + 1.0
+        ridge = self._ridge * np.eye(_N)
+        multipliers = np.linalg.solve(self._a + ridge, self._b + self._ridge)
+        multipliers = np.clip(multipliers, self._min, self._max)
+        self.rates = tuple(float(v) for v in multipliers * self._prior)
+
+    def parameters(self) -> LatencyParameters:
+        t0, p, s0, s1, q = self.rates
+        return LatencyParameters(t0, p, s0, s1, q, self.samples)
+
+
+class LatencyModel:
+    """Predicted end-to-end latency per route, and the online fit behind it."""
+
+    __slots__ = ("_fits",)
+
+    def __init__(self, priors: LatencyPriors, num_speculative_tokens: int, draft_cost_ratio: float):
+        draft = 1.0 + max(num_speculative_tokens, 0) * max(draft_cost_ratio, 0.0)
+        base = (
+            priors.ttft_base_s,
+            priors.prefill_s_per_token,
+            priors.step_base_s,
+            priors.step_per_seq_s,
+            priors.queue_s_per_waiting,
+        )
+        spec = (
+            base[0],
+            base[1],
+            priors.spec_step_base_s or base[2] * draft,
+            priors.spec_step_per_seq_s or base[3] * draft,
+            base[4],
+        )
+        self._fits = {
+            Route.BASELINE: RouteFit(base, priors),
+            Route.SPECULATIVE: RouteFit(spec, priors),
+        }
+
+    def predict(
+        self,
+        route: Route,
+        prompt_tokens: float,
+        output_tokens: float,
+        batch: float,
+        waiting: float = 0.0,
+        tokens_per_step: float = 1.0,
+    ) -> float:
+        """Seconds from send to last byte; tokens_per_step is 1 on the baseline."""
+        steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
+        return self._fits[route].predict(prompt_tokens, steps, batch, waiting)
+
+    def observe(
+        self,
+        route: Route,
+        *,
+        prompt_tokens: float,
+        output_tokens: float,
+        batch: float,
+        waiting: float,
+        tokens_per_step: float,
+        duration_s: float,
+        ttft_s: float | None,
+    ) -> None:
+        """Learn from one finished request.
+
+        With a TTFT (streamed) the request gives two rows, prefill and decode,
+        which pin the two parts down separately; without one it gives one row
+        for the total. Both feed the same fit.
+        """
+        fit = self._fits[route]
+        steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
+        if ttft_s is not None and 0 < ttft_s <= duration_s:
+            fit.add((1.0, prompt_tokens, 0.0, 0.0, waiting), ttft_s)
+            if steps > 0:
+                fit.add((0.0, 0.0, steps, steps * batch, 0.0), duration_s - ttft_s)
+        else:
+            fit.add((1.0, prompt_tokens, steps, steps * batch, waiting), duration_s)
+
+    def parameters(self) -> dict[Route, LatencyParameters]:
+        return {route: fit.parameters() for route, fit in self._fits.items()}

@@ -1,0 +1,289 @@
+"""A small synthetic serving environment for the cost-model tests (not a test itself).
+
+`outcome(route, features, batch, seed)` is a pure function: what one request
+would measure on one route when it joins a batch of `batch` sequences. Its
+costs follow the emulator's engine shape (gateway/emulator/config.py): a step
+costs a fixed overhead, a weights read, per-sequence KV reads and per-token
+compute; a speculative step also runs the draft k times (each c x a target
+step), verifies k + 1 tokens per sequence and pays a rejection-sampler
+overhead; draft tokens are accepted position by position with the workload's
+probability a (plus per-request jitter) until the first rejection. Latencies
+carry lognormal noise. The policy under test never sees these numbers: it
+starts from priors that are deliberately off and must learn them.
+
+`simulate` runs a closed loop of `concurrency` clients, each sending its next
+request when the previous one finishes, so routing changes the batches.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from classifier import (
+    BackendState,
+    Decision,
+    Endpoint,
+    LiveState,
+    RequestFeatures,
+    Route,
+    Workload,
+)
+from classifier.costmodel import CostModelConfig, CostModelPolicy, Observation
+from classifier.latency import LatencyPriors
+
+SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
+
+TRUE_ACCEPTANCE = {
+    Workload.STRUCTURED: 0.85,
+    Workload.CODE: 0.75,
+    Workload.CHAT: 0.45,
+    Workload.CREATIVE: 0.2,
+    Workload.LONG_CONTEXT: 0.55,
+}
+
+
+# What the policy is told at start: 2-3x off the engine's real rates.
+WRONG_LATENCY_PRIORS = LatencyPriors(
+    ttft_base_s=0.03, prefill_s_per_token=0.0005, step_base_s=0.02, step_per_seq_s=0.001
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    overhead_s: float = 0.002
+    weights_s: float = 0.006
+    kv_per_seq_s: float = 0.0003
+    compute_per_token_s: float = 0.00025
+    k: int = 4
+    c: float = 0.2
+    spec_overhead_s: float = 0.002
+    draft_prefill_ratio: float = 0.05
+    noise: float = 0.05
+    jitter: float = 0.05
+    acceptance: dict[Workload, float] = field(default_factory=lambda: dict(TRUE_ACCEPTANCE))
+
+    def step_s(self, route: Route, batch: int) -> float:
+        target = self.overhead_s + self.weights_s + self.kv_per_seq_s * batch
+        one = target + self.compute_per_token_s * batch
+        if route is BASE:
+            return one
+        verify = target + self.compute_per_token_s * batch * (self.k + 1)
+        return verify + self.k * self.c * one + self.spec_overhead_s
+
+    def ttft_s(self, route: Route, prompt_tokens: int) -> float:
+        prefill = self.overhead_s + self.weights_s + self.compute_per_token_s * prompt_tokens
+        return prefill * (1.0 + self.draft_prefill_ratio if route is SPEC else 1.0)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ttft_s: float
+    duration_s: float
+    completion_tokens: int
+    acceptance: float | None
+
+
+def outcome(engine: Engine, route: Route, f: RequestFeatures, batch: int, seed: int) -> Outcome:
+    """What this request measures on `route` in a batch of `batch` (pure in its arguments)."""
+    rng = random.Random(seed)
+    out = max(1, round(f.expected_output_tokens * rng.uniform(0.7, 1.0)))
+    alpha = min(0.99, max(0.0, engine.acceptance[f.workload] + rng.uniform(-1, 1) * engine.jitter))
+    noise = {r: math.exp(rng.gauss(0.0, engine.noise)) for r in (SPEC, BASE)}
+    ttft = engine.ttft_s(route, f.prompt_tokens) * noise[route]
+    if route is BASE:
+        steps, acceptance = out - 1, None
+    else:
+        steps, accepted, remaining = 0, 0, out - 1
+        log_a = math.log(alpha) if alpha > 0 else -math.inf
+        while remaining > 0:
+            u = 1.0 - rng.random()
+            run = engine.k if log_a == 0 else min(engine.k, int(math.log(u) / log_a))
+            steps += 1
+            accepted += run
+            remaining -= run + 1
+        acceptance = accepted / (steps * engine.k) if steps else None
+    duration = ttft + steps * engine.step_s(route, batch) * noise[route]
+    return Outcome(ttft, duration, out, acceptance)
+
+
+def features(
+    workload: Workload,
+    prompt_tokens: int,
+    max_tokens: int | None,
+    temperature: float,
+    *,
+    code_like: bool = False,
+) -> RequestFeatures:
+    return RequestFeatures(
+        endpoint=Endpoint.CHAT,
+        structured=workload is Workload.STRUCTURED,
+        temperature=temperature,
+        top_p=None,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        expected_output_tokens=256 if max_tokens is None else max_tokens,
+        stream=True,
+        n=1,
+        code_like=code_like,
+        workload=workload,
+    )
+
+
+def mixed_requests(count: int, seed: int) -> list[tuple[RequestFeatures, int]]:
+    """A mix of the five workloads, each with its own per-request seed."""
+    rng = random.Random(seed)
+    out: list[tuple[RequestFeatures, int]] = []
+    for _ in range(count):
+        kind = rng.choice(list(Workload))
+        if kind is Workload.STRUCTURED:
+            f = features(kind, rng.randint(200, 800), 256, 0.0)
+        elif kind is Workload.CODE:
+            f = features(kind, rng.randint(300, 1500), 384, 0.2, code_like=True)
+        elif kind is Workload.CREATIVE:
+            f = features(kind, rng.randint(50, 200), 384, 1.1)
+        elif kind is Workload.LONG_CONTEXT:
+            f = features(kind, rng.randint(3000, 7000), 64, 0.3)
+        else:
+            f = features(kind, rng.randint(100, 600), None, 0.7)
+        out.append((f, rng.getrandbits(32)))
+    return out
+
+
+class Router(Protocol):
+    def decide(self, features: RequestFeatures, state: LiveState) -> Decision: ...
+
+
+@dataclass
+class Served:
+    features: RequestFeatures
+    route: Route
+    reason: str
+    predicted_s: float | None
+    outcome: Outcome
+
+
+Chooser = Callable[[RequestFeatures, int, LiveState], Decision]
+
+
+def oracle(engine: Engine) -> Chooser:
+    """Sends each request to whichever route its own realised outcome is faster on."""
+
+    def choose(f: RequestFeatures, seed: int, state: LiveState) -> Decision:
+        times = {
+            r: outcome(engine, r, f, state.of(r).inflight + 1, seed).duration_s
+            for r in (SPEC, BASE)
+        }
+        return Decision(min(times, key=times.__getitem__), "oracle")
+
+    return choose
+
+
+def simulate(
+    engine: Engine,
+    router: Router | Chooser,
+    requests: Sequence[tuple[RequestFeatures, int]],
+    concurrency: int,
+) -> list[Served]:
+    """Closed loop; a router with an observe() method is told every outcome."""
+    inflight = {SPEC: 0, BASE: 0}
+    served: list[Served] = []
+    events: list[tuple[float, int, Route, Observation]] = []
+    observe = getattr(router, "observe", None)
+    now, sent = 0.0, 0
+
+    def send() -> None:
+        nonlocal sent
+        f, seed = requests[sent]
+        sent += 1
+        state = LiveState(
+            BackendState(inflight=inflight[SPEC]), BackendState(inflight=inflight[BASE])
+        )
+        if callable(router) and not hasattr(router, "decide"):
+            decision = router(f, seed, state)
+        else:
+            decision = router.decide(f, state)  # type: ignore[union-attr]
+        route = decision.route
+        batch = inflight[route] + 1
+        result = outcome(engine, route, f, batch, seed)
+        predicted = decision.predicted_s[route] if decision.predicted_s else None
+        served.append(Served(f, route, decision.reason, predicted, result))
+        inflight[route] += 1
+        obs = Observation(
+            route=route,
+            features=f,
+            batch=batch,
+            waiting=None,
+            ttft_s=result.ttft_s,
+            duration_s=result.duration_s,
+            prompt_tokens=f.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            acceptance=result.acceptance,
+            predicted_s=predicted,
+        )
+        heapq.heappush(events, (now + result.duration_s, sent, route, obs))
+
+    for _ in range(min(concurrency, len(requests))):
+        send()
+    while events:
+        now, _, route, obs = heapq.heappop(events)
+        inflight[route] -= 1
+        if observe is not None:
+            observe(obs)
+        if sent < len(requests):
+            send()
+    return served
+
+
+def mean_latency(served: Sequence[Served]) -> float:
+    return sum(s.outcome.duration_s for s in served) / len(served)
+
+
+def mape(served: Sequence[Served], route: Route) -> float:
+    rows = [s for s in served if s.route is route and s.predicted_s is not None]
+    return sum(
+        abs(s.predicted_s - s.outcome.duration_s) / s.outcome.duration_s for s in rows
+    ) / len(rows)  # type: ignore[operator]
+
+
+def report(count: int = 3000, seed: int = 11) -> None:
+    """Print policy / static / rules / oracle mean latency ratios, MAPE and acceptance error."""
+    from classifier import RulesConfig, RulesPolicy, StaticPolicy
+
+    engine = Engine()
+    requests = mixed_requests(count, seed)
+    print(f"{count} requests, mixed workload; mean e2e latency / oracle's (whole run)")
+    print("conc  cost-model  rules  all-spec  all-base  | MAPE spec  base | max |a err|")
+    for concurrency in (1, 8, 32):
+        policy = CostModelPolicy(
+            CostModelConfig(
+                num_speculative_tokens=engine.k,
+                draft_cost_ratio=engine.c,
+                latency=WRONG_LATENCY_PRIORS,
+            )
+        )
+        runs: dict[str, list[Served]] = {}
+        for name, router in (
+            ("cost", policy),
+            ("rules", RulesPolicy(RulesConfig())),
+            ("spec", StaticPolicy(SPEC)),
+            ("base", StaticPolicy(BASE)),
+            ("oracle", oracle(engine)),
+        ):
+            runs[name] = simulate(engine, router, requests, concurrency)
+        best = mean_latency(runs["oracle"])
+        ratios = [mean_latency(runs[n]) / best for n in ("cost", "rules", "spec", "base")]
+        late = runs["cost"][count // 2 :]
+        err = max(abs(a - TRUE_ACCEPTANCE[w]) for w, a in policy.estimated_acceptance().items())
+        print(
+            f"{concurrency:>4}  {ratios[0]:10.3f}  {ratios[1]:5.3f}  {ratios[2]:8.3f}  "
+            f"{ratios[3]:8.3f}  | {mape(late, SPEC):9.3f}  {mape(late, BASE):4.3f} | {err:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    report()
