@@ -34,6 +34,7 @@ from classifier.policy import Route
 __all__ = ["LatencyModel", "LatencyParameters", "LatencyPriors", "RouteFit"]
 
 _N = 5  # t0, p, s0, s1, q
+_BORROW_UNTIL = 20.0  # samples after which a route stands on its own fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,7 @@ class RouteFit:
         "_min",
         "_prior",
         "_ridge",
+        "_solved",
         "rates",
         "samples",
     )
@@ -109,10 +111,31 @@ class RouteFit:
         self.samples = 0.0  # effective (decayed) number of rows fitted
         # Plain floats: the decision path reads these, and numpy scalars are slow.
         self.rates: tuple[float, ...] = tuple(float(v) for v in prior)
+        self._solved = self.rates  # this route's own fit, before any borrowing
 
     def predict(self, prompt_tokens: float, steps: float, batch: float, waiting: float) -> float:
         t0, p, s0, s1, q = self.rates
         return t0 + p * prompt_tokens + steps * (s0 + s1 * batch) + q * waiting
+
+    def multipliers(self) -> tuple[float, ...]:
+        """This route's own fitted rates as multiples of its priors."""
+        return tuple(r / float(p) for r, p in zip(self._solved, self._prior, strict=True))
+
+    def borrow(self, other: RouteFit, weight: float) -> None:
+        """Lean on the other route's fit while this one has seen little traffic.
+
+        Both routes run the same model on the same hardware, so when the
+        observed route turns out k times slower or faster than its prior, the
+        unobserved one most likely is too. Without this, a route the policy
+        stopped choosing keeps its prior forever and the comparison is between
+        a fitted number and a guess (exploration alone is too rare to fix it).
+        """
+        own = self.samples / (self.samples + weight)
+        mine, theirs = self.multipliers(), other.multipliers()
+        self.rates = tuple(
+            float(p) * (own * m + (1.0 - own) * t)
+            for p, m, t in zip(self._prior, mine, theirs, strict=True)
+        )
 
     def add(self, x: tuple[float, ...], y: float) -> None:
         """Fit one row: y seconds were spent on the cost terms x (same order as the rates)."""
@@ -137,7 +160,7 @@ class RouteFit:
         ridge = self._ridge * np.eye(_N)
         multipliers = np.linalg.solve(self._a + ridge, self._b + self._ridge)
         multipliers = np.clip(multipliers, self._min, self._max)
-        self.rates = tuple(float(v) for v in multipliers * self._prior)
+        self.rates = self._solved = tuple(float(v) for v in multipliers * self._prior)
 
     def parameters(self) -> LatencyParameters:
         t0, p, s0, s1, q = self.rates
@@ -209,6 +232,10 @@ class LatencyModel:
                 fit.add((0.0, 0.0, steps, steps * batch, 0.0), duration_s - ttft_s)
         else:
             fit.add((1.0, prompt_tokens, steps, steps * batch, waiting), duration_s)
+        other = self._fits[route.other]
+        for thin, rich in ((fit, other), (other, fit)):
+            if thin.samples < _BORROW_UNTIL:
+                thin.borrow(rich, _BORROW_UNTIL)
 
     def parameters(self) -> dict[Route, LatencyParameters]:
         return {route: fit.parameters() for route, fit in self._fits.items()}

@@ -37,6 +37,24 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ROUTE=URL",
         help="speculative=URL or baseline=URL; overrides the config file",
     )
+    serve.add_argument(
+        "--emulate",
+        action="store_true",
+        help="start two EMULATED vLLM backends in-process and serve in front of them",
+    )
+    demo = commands.add_parser(
+        "demo", help="no-GPU demo: EMULATED backends, the gateway, a short mixed workload"
+    )
+    demo.add_argument("--requests", type=int, default=6, help="requests per workload and target")
+    demo.add_argument("--concurrency", type=int, default=2)
+    demo.add_argument("--time-scale", type=float, default=0.5, help="emulator time scale")
+
+    commands.add_parser(
+        "emulate",
+        help="run one EMULATED vLLM server (see `specroute emulate --help`)",
+        add_help=False,
+    )
+
     train = commands.add_parser("train", help="fit the acceptance model from outcome logs")
     train.add_argument("outcomes", type=Path, nargs="+", help="outcome log JSONL file(s)")
     train.add_argument("--out", type=Path, required=True, help="model file to write (JSON)")
@@ -44,8 +62,24 @@ def main(argv: list[str] | None = None) -> int:
         "--num-speculative-tokens", type=int, default=4, help="k of the speculative server"
     )
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["emulate"]:  # its own parser: every knob of the emulator is a flag
+        from gateway.emulator import main as emulate
+
+        return emulate(argv[1:])
     args = parser.parse_args(argv)
     try:
+        if args.command == "demo":
+            from gateway.demo import run_demo
+
+            configure_logging("warning")
+            return asyncio.run(
+                run_demo(
+                    per_workload=args.requests,
+                    concurrency=args.concurrency,
+                    time_scale=args.time_scale,
+                )
+            )
         if args.command == "serve":
             return _serve(args)
         if args.command == "train":
@@ -110,8 +144,12 @@ def _parse_backends(items: list[str]) -> dict[Route, str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.serve import serve
+    from gateway.serve import serve, serve_emulated
 
+    if args.emulate:
+        configure_logging("info")
+        asyncio.run(serve_emulated(args.host or "127.0.0.1", args.port or 8080, time_scale=1.0))
+        return 0
     config_path = args.config
     if config_path is None and Path("config.toml").exists():
         config_path = Path("config.toml")

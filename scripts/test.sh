@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
-# The one test command (README, .ci/run): sets up .venv from pyproject.toml,
-# then lint, types, the unit/integration suite, and the real-vLLM tier.
+# The one test command (README, .ci/run): sets up what the tests need on a
+# fresh machine, then lint, types, the suite, and the real-vLLM tier.
 #
-#   SPECROUTE_SKIP_VLLM=1 bash scripts/test.sh   # skip the real-engine tier (local quick run)
+#   SPECROUTE_SKIP_VLLM=1 bash scripts/test.sh   # skip the real-engine tier (quick local run)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+t0=$SECONDS
+
+# System tools the deploy/ checks run for real: promtool and a Prometheus
+# server, shellcheck; tcmalloc makes CPU vLLM's speculation faster.
+need=()
+command -v promtool >/dev/null || need+=(prometheus)
+command -v shellcheck >/dev/null || need+=(shellcheck)
+[[ -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || -e /usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4 ]] \
+    || need+=(libtcmalloc-minimal4)
+if [[ ${#need[@]} -gt 0 ]]; then
+    echo "== apt-get install ${need[*]}"
+    if [[ $(id -u) -eq 0 ]]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    else
+        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    fi
+fi
 
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
@@ -16,12 +33,14 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy --strict"
 .venv/bin/mypy
-echo "== pytest (gateway, classifier, emulator)"
+echo "== pytest (gateway, classifier, emulator, deploy)"
 .venv/bin/pytest -m "not vllm" -q
+echo "== fast tiers took $((SECONDS - t0)) s"
 
 if [[ "${SPECROUTE_SKIP_VLLM:-0}" == "1" ]]; then
     echo "== real-vLLM tier SKIPPED (SPECROUTE_SKIP_VLLM=1)"
     exit 0
 fi
-echo "== real-vLLM tier (deploy/cpu)"
-bash scripts/test_vllm.sh
+echo "== real-vLLM tier (deploy/cpu: install, start the pair, test through it, stop)"
+bash deploy/cpu/run_tier.sh
+echo "== all tiers took $((SECONDS - t0)) s"

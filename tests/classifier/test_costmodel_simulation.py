@@ -73,7 +73,9 @@ def test_exploration_finds_a_workload_its_prior_sends_to_baseline() -> None:
     wrong = AcceptancePriors(code=0.2)  # the truth is 0.75: speculation wins by far
     policy = cost_model(acceptance=wrong)
     served = simulate(ENGINE, policy, REQUESTS, 8)
-    assert code_on_spec(served, 0, 100) < 0.2  # at first: baseline (exploration aside)
+    # At first mostly baseline (the wrong prior; exploration and the routes sharing
+    # what they learn about the engine move some code early).
+    assert code_on_spec(served, 0, 100) < 0.5
     assert policy.estimated_acceptance()[Workload.CODE] == pytest.approx(
         TRUE_ACCEPTANCE[Workload.CODE], abs=0.1
     )

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Run the real-engine test tier end to end: start the CPU vLLM pair, run
+# pytest on it with SPECROUTE_VLLM_BACKENDS set, and always stop the pair.
+#
+#   deploy/cpu/run_tier.sh [up.sh options...] [-- pytest args...]
+#
+# Default pytest args: -m vllm tests/vllm. Uses the project's dev venv
+# (.venv/bin/python) when present, else python3. Exits with pytest's status
+# (or up.sh's when the pair does not start).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+up_args=()
+pytest_args=()
+while [[ $# -gt 0 ]]; do
+    if [[ "$1" == "--" ]]; then
+        shift
+        pytest_args=("$@")
+        break
+    fi
+    up_args+=("$1")
+    shift
+done
+[[ ${#pytest_args[@]} -gt 0 ]] || pytest_args=(-m vllm tests/vllm)
+
+run_dir="${SPECROUTE_CACHE:-$HOME/.cache/specroute}/run"
+for ((i = 0; i < ${#up_args[@]}; i++)); do
+    if [[ "${up_args[$i]}" == "--run-dir" && $((i + 1)) -lt ${#up_args[@]} ]]; then
+        run_dir="${up_args[$((i + 1))]}"
+    fi
+done
+
+python_bin="$root/.venv/bin/python"
+[[ -x "$python_bin" ]] || python_bin="python3"
+
+trap 'bash "$here/down.sh" --run-dir "$run_dir" || true' EXIT
+
+t0=$SECONDS
+lines="$(bash "$here/up.sh" ${up_args[@]+"${up_args[@]}"})"
+SPECROUTE_VLLM_BACKENDS="$(paste -sd, <<<"$lines")"
+export SPECROUTE_VLLM_BACKENDS
+printf '[run_tier] pair up in %d s: %s\n' "$((SECONDS - t0))" "$SPECROUTE_VLLM_BACKENDS" >&2
+
+t1=$SECONDS
+rc=0
+(cd "$root" && "$python_bin" -m pytest "${pytest_args[@]}") || rc=$?
+printf '[run_tier] pytest exited %d after %d s\n' "$rc" "$((SECONDS - t1))" >&2
+exit "$rc"

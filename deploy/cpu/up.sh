@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Start the real-engine pair on CPU: two vLLM servers serving the same
+# SmolLM2-135M-Instruct under the same --served-model-name, one with
+# speculative decoding (n-gram by default, or a draft model) and one without.
+#
+#   deploy/cpu/up.sh [--spec ngram|draft] [--spec-port P] [--base-port P]
+#                    [--run-dir DIR] [--timeout S] [--model-name NAME]
+#                    [--spec-metrics summary|detailed] [-- EXTRA_VLLM_ARGS...]
+#
+# The speculative server runs with --per-request-spec-decode-metrics (default
+# level `detailed`): responses then carry metrics.speculative_decoding (the
+# non-stream body, or the final usage chunk of a stream with
+# stream_options.include_usage). Arguments after `--` go to both servers
+# (e.g. `-- --enable-per-request-metrics` for per-request timing metrics).
+#
+# The baseline starts first; the speculative server starts once the baseline
+# answers (staggered: two engines loading at once on 2 cores fight for CPU and
+# RAM). Each engine is pinned to its own core. When both are ready, exactly two
+# lines go to stdout:
+#   speculative=http://127.0.0.1:P
+#   baseline=http://127.0.0.1:P
+# (the same two lines are written to RUN_DIR/backends). Everything else goes
+# to stderr. Logs and pid files live in RUN_DIR (default
+# $SPECROUTE_CACHE/run). On failure, the failing server's log tail goes to
+# stderr, whatever was started is stopped, and the exit status is non-zero.
+# Stop with deploy/cpu/down.sh [--run-dir DIR].
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cache="${SPECROUTE_CACHE:-$HOME/.cache/specroute}"
+venv="$cache/vllm-venv"
+model_dir="$cache/models/smollm2-135m-instruct"
+
+spec="ngram"
+spec_port=8101
+base_port=8102
+run_dir="$cache/run"
+timeout_s=300
+model_name="smollm2-135m"
+max_model_len=2048
+spec_metrics="detailed"
+extra_args=()
+
+usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+die() { printf '[up] ERROR: %s\n' "$*" >&2; exit 1; }
+log() { printf '[up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --spec) spec="${2:?--spec needs a value}"; shift 2 ;;
+        --spec-port) spec_port="${2:?--spec-port needs a value}"; shift 2 ;;
+        --base-port) base_port="${2:?--base-port needs a value}"; shift 2 ;;
+        --run-dir) run_dir="${2:?--run-dir needs a value}"; shift 2 ;;
+        --timeout) timeout_s="${2:?--timeout needs a value}"; shift 2 ;;
+        --model-name) model_name="${2:?--model-name needs a value}"; shift 2 ;;
+        --spec-metrics) spec_metrics="${2:?--spec-metrics needs a value}"; shift 2 ;;
+        --) shift; extra_args=("$@"); break ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage; die "unknown argument: $1" ;;
+    esac
+done
+
+case "$spec" in
+    ngram) spec_config='{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}' ;;
+    draft) spec_config="{\"method\":\"draft_model\",\"model\":\"$model_dir\",\"num_speculative_tokens\":4}" ;;
+    *) die "--spec must be ngram or draft, not '$spec'" ;;
+esac
+[[ "$spec_port" =~ ^[0-9]+$ && "$base_port" =~ ^[0-9]+$ ]] || die "ports must be numbers"
+[[ "$spec_port" != "$base_port" ]] || die "--spec-port and --base-port must differ"
+[[ "$timeout_s" =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds"
+[[ "$spec_metrics" == summary || "$spec_metrics" == detailed ]] \
+    || die "--spec-metrics must be summary or detailed"
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Install (venv + model folder) when missing; install.sh is idempotent.
+if [[ -x "$venv/bin/python" && -f "$model_dir/.specroute-prepared" ]]; then
+    log "venv and model present (run deploy/cpu/install.sh to re-check)"
+else
+    log "venv or model missing: running install.sh"
+    bash "$here/install.sh"
+fi
+
+mkdir -p "$run_dir"
+run_dir="$(cd "$run_dir" && pwd)"
+
+# A previous pair in the same run dir is stopped first.
+if compgen -G "$run_dir/*.pid" >/dev/null; then
+    log "stopping the previous pair in $run_dir"
+    bash "$here/down.sh" --run-dir "$run_dir"
+fi
+for p in "$base_port" "$spec_port"; do
+    if port_in_use "$p"; then die "port $p on 127.0.0.1 is already in use"; fi
+done
+rm -f "$run_dir/backends"
+
+# vLLM's CPU docs ask for Intel OpenMP (shipped in the venv by intel-openmp)
+# and tcmalloc (Debian: libtcmalloc-minimal4) in LD_PRELOAD; speculative
+# decoding on CPU is much slower without libiomp5. Both servers get the same
+# preload so that the comparison stays fair. SPECROUTE_NO_PRELOAD=1 disables.
+preload=""
+if [[ "${SPECROUTE_NO_PRELOAD:-0}" != "1" ]]; then
+    iomp="$venv/lib/libiomp5.so"
+    [[ -f "$iomp" ]] && preload="$iomp"
+    tcm="$(ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 / {print $NF; exit}')" || tcm=""
+    if [[ -n "$tcm" && -f "$tcm" ]]; then
+        preload="${preload:+$preload:}$tcm"
+    else
+        log "tcmalloc not found (apt-get install libtcmalloc-minimal4 for a little more speed)"
+    fi
+fi
+log "LD_PRELOAD for the servers: ${preload:-<none>}"
+
+started=()
+cleanup_on_error() {
+    local rc=$?
+    if [[ $rc -ne 0 && ${#started[@]} -gt 0 ]]; then
+        log "stopping what was started"
+        bash "$here/down.sh" --run-dir "$run_dir" || true
+    fi
+    exit "$rc"
+}
+trap cleanup_on_error EXIT
+trap 'exit 130' INT TERM
+
+# start NAME PORT CORE [extra vllm args...]
+# Runs the server in its own session (process group = its pid) so that
+# down.sh can signal the API server and its EngineCore child together.
+start() {
+    local name=$1 port=$2 core=$3
+    shift 3
+    local logf="$run_dir/$name.log" pidf="$run_dir/$name.pid"
+    : >"$logf"
+    rm -f "$pidf"
+    log "starting $name on 127.0.0.1:$port (core $core), log $logf"
+    # shellcheck disable=SC2016  # $$ and $0 expand in the child bash
+    env \
+        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
+        VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+        VLLM_CPU_OMP_THREADS_BIND="$core" VLLM_CPU_KVCACHE_SPACE=1 \
+        OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 LD_PRELOAD="$preload" \
+        setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" \
+        "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
+        --model "$model_dir" \
+        --served-model-name "$model_name" \
+        --host 127.0.0.1 --port "$port" \
+        --max-model-len "$max_model_len" \
+        --enforce-eager \
+        --enable-log-requests \
+        "$@" ${extra_args[@]+"${extra_args[@]}"} \
+        </dev/null >>"$logf" 2>&1 &
+    disown  # no job-control notice on stderr when down.sh kills it
+    started+=("$name")
+}
+
+# wait_ready NAME PORT: polls /v1/models until it answers 200.
+wait_ready() {
+    local name=$1 port=$2 t0=$SECONDS pid=""
+    local logf="$run_dir/$name.log" pidf="$run_dir/$name.pid"
+    while true; do
+        [[ -z "$pid" && -s "$pidf" ]] && pid=$(<"$pidf")
+        if curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$port/v1/models" 2>/dev/null; then
+            log "$name ready after $((SECONDS - t0)) s"
+            return 0
+        fi
+        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+            log "$name exited before it was ready; last lines of $logf:"
+            tail -n 40 "$logf" >&2
+            return 1
+        fi
+        if (( SECONDS - t0 >= timeout_s )); then
+            log "$name not ready after ${timeout_s} s; last lines of $logf:"
+            tail -n 40 "$logf" >&2
+            return 1
+        fi
+        sleep 1
+    done
+}
+
+start baseline "$base_port" 1
+wait_ready baseline "$base_port"
+start speculative "$spec_port" 0 \
+    --speculative-config "$spec_config" \
+    --per-request-spec-decode-metrics "$spec_metrics"
+wait_ready speculative "$spec_port"
+
+printf 'speculative=http://127.0.0.1:%s\nbaseline=http://127.0.0.1:%s\n' "$spec_port" "$base_port" \
+    | tee "$run_dir/backends"

@@ -1,0 +1,579 @@
+"""Writes deploy/grafana/dashboards/specroute.json, the specroute Grafana dashboard.
+
+The JSON is generated so that every panel has the same shape, ids and grid
+positions never collide, and the PromQL lives in one readable place. Edit this
+file, run it, commit both (tests/deploy checks that they agree):
+
+    python3 deploy/grafana/build_dashboard.py
+
+Only metrics that exist today: the gateway's specroute_* and vLLM's current
+(v1 engine) names; not the deprecated ones vLLM's own example dashboard still
+shows. vLLM targets carry a `route` label (speculative|baseline) set by the
+Prometheus scrape config. Panels for metrics that do not exist yet are listed
+under "TODO" in deploy/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parent / "dashboards" / "specroute.json"
+UID = "specroute-overview"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RI = "$__rate_interval"
+WL = 'workload=~"$workload"'
+SPEC = 'route="speculative"'
+
+
+def q(expr: str, legend: str = "") -> dict[str, Any]:
+    return {"expr": expr, "legendFormat": legend or "__auto"}
+
+
+def quantiles(metric: str, by: str, sel: str, qs: tuple[float, ...] = (0.5, 0.95)) -> list[Any]:
+    """p50/p95 (...) of a histogram, summed over gateway replicas, grouped by `by`."""
+    legend_labels = " ".join(f"{{{{{label.strip()}}}}}" for label in by.split(","))
+    return [
+        q(
+            f"histogram_quantile({x}, sum by ({by}, le) (rate({metric}_bucket{{{sel}}}[{RI}])))",
+            f"p{round(x * 100)} {legend_labels}",
+        )
+        for x in qs
+    ]
+
+
+def acceptance(by: str) -> str:
+    return (
+        f"sum by ({by}) (rate(vllm:spec_decode_num_accepted_tokens_total{{{SPEC}}}[{RI}]))"
+        f" / sum by ({by}) (rate(vllm:spec_decode_num_draft_tokens_total{{{SPEC}}}[{RI}]))"
+    )
+
+
+def mean_acceptance_length(by: str) -> str:
+    return (
+        f"1 + sum by ({by}) (rate(vllm:spec_decode_num_accepted_tokens_total{{{SPEC}}}[{RI}]))"
+        f" / sum by ({by}) (rate(vllm:spec_decode_num_drafts_total{{{SPEC}}}[{RI}]))"
+    )
+
+
+# (title, panel type, unit, width, targets, description, extra options)
+Panel = tuple[str, str, str, int, list[dict[str, Any]], str]
+
+ROWS: list[tuple[str, list[Panel]]] = [
+    (
+        "Overview",
+        [
+            (
+                "Requests/s",
+                "stat",
+                "reqps",
+                4,
+                [q(f"sum(rate(specroute_requests_total[{RI}]))", "requests/s")],
+                "Requests answered by the gateway, all replicas.",
+            ),
+            (
+                "Sent to speculative",
+                "stat",
+                "percentunit",
+                4,
+                [
+                    q(
+                        f"sum(rate(specroute_requests_total{{{SPEC}}}[{RI}]))"
+                        f" / sum(rate(specroute_requests_total[{RI}]))",
+                        "speculative share",
+                    )
+                ],
+                "Share of requests the router sent to the speculative server.",
+            ),
+            (
+                "Server errors",
+                "stat",
+                "percentunit",
+                4,
+                [
+                    q(
+                        "sum(rate(specroute_requests_total"
+                        f'{{status=~"5xx|stream_error"}}[{RI}]))'
+                        " / sum(rate(specroute_requests_total"
+                        f'{{status!="client_disconnect"}}[{RI}]))',
+                        "5xx + broken streams",
+                    )
+                ],
+                "5xx answers and streams broken after the first byte, among answered requests.",
+            ),
+            (
+                "Backends up (gateway view)",
+                "stat",
+                "short",
+                4,
+                [q("min by (backend) (specroute_backend_up)", "{{backend}}")],
+                "1 when every gateway replica's last health probe of the backend succeeded.",
+            ),
+            (
+                "Draft acceptance",
+                "stat",
+                "percentunit",
+                4,
+                [q(acceptance("route"), "acceptance")],
+                "vLLM: accepted / proposed draft tokens on the speculative server.",
+            ),
+            (
+                "Mean acceptance length",
+                "stat",
+                "short",
+                4,
+                [q(mean_acceptance_length("route"), "tokens per step")],
+                "vLLM: 1 + accepted tokens per draft = tokens the target emits per step.",
+            ),
+        ],
+    ),
+    (
+        "Routing",
+        [
+            (
+                "Route mix",
+                "timeseries",
+                "reqps",
+                8,
+                [q(f"sum by (route) (rate(specroute_requests_total[{RI}]))", "{{route}}")],
+                "Requests per second by the route that answered them.",
+            ),
+            (
+                "Decisions by reason",
+                "timeseries",
+                "reqps",
+                8,
+                [
+                    q(
+                        f"sum by (route, reason) (rate(specroute_route_decisions_total[{RI}]))",
+                        "{{route}}: {{reason}}",
+                    )
+                ],
+                "Why the router chose each route (rule name, override, fallback).",
+            ),
+            (
+                "Requests by workload",
+                "timeseries",
+                "reqps",
+                8,
+                [
+                    q(
+                        f"sum by (workload, route) (rate(specroute_requests_total{{{WL}}}[{RI}]))",
+                        "{{workload}} -> {{route}}",
+                    )
+                ],
+                "Requests per second by workload kind and route.",
+            ),
+        ],
+    ),
+    (
+        "Latency by route",
+        [
+            (
+                "Time to first token",
+                "timeseries",
+                "s",
+                8,
+                quantiles("specroute_time_to_first_token_seconds", "route", WL),
+                "p50 and p95 time to first token of streamed answers, seen by the gateway.",
+            ),
+            (
+                "Time per output token",
+                "timeseries",
+                "s",
+                8,
+                quantiles("specroute_time_per_output_token_seconds", "route", WL),
+                "p50 and p95 time per output token after the first: what speculation speeds up.",
+            ),
+            (
+                "End-to-end latency",
+                "timeseries",
+                "s",
+                8,
+                quantiles("specroute_request_duration_seconds", "route", WL),
+                "p50 and p95 request duration, seen by the gateway.",
+            ),
+        ],
+    ),
+    (
+        "Latency by workload",
+        [
+            (
+                "TTFT by workload",
+                "timeseries",
+                "s",
+                8,
+                quantiles("specroute_time_to_first_token_seconds", "workload, route", WL),
+                "p50 and p95 time to first token per workload and route.",
+            ),
+            (
+                "Time per output token by workload",
+                "timeseries",
+                "s",
+                8,
+                quantiles("specroute_time_per_output_token_seconds", "workload, route", WL),
+                "p50 and p95 time per output token per workload and route.",
+            ),
+            (
+                "End-to-end latency by workload",
+                "timeseries",
+                "s",
+                8,
+                quantiles("specroute_request_duration_seconds", "workload, route", WL),
+                "p50 and p95 request duration per workload and route.",
+            ),
+            (
+                "Speculation speedup by workload (median TPOT baseline / speculative)",
+                "timeseries",
+                "short",
+                12,
+                [
+                    q(
+                        "histogram_quantile(0.5, sum by (workload, le) (rate("
+                        "specroute_time_per_output_token_seconds_bucket"
+                        f'{{route="baseline", {WL}}}[{RI}])))'
+                        " / histogram_quantile(0.5, sum by (workload, le) (rate("
+                        f"specroute_time_per_output_token_seconds_bucket{{{SPEC}, {WL}}}[{RI}])))",
+                        "{{workload}}",
+                    )
+                ],
+                "Above 1: speculation decodes faster for that workload. Needs traffic on both "
+                "routes in the workload (the baseline sees exploration and overflow).",
+            ),
+            (
+                "Output tokens/s by workload",
+                "timeseries",
+                "short",
+                12,
+                [
+                    q(
+                        "sum by (workload, route) (rate(specroute_output_tokens_total"
+                        f"{{{WL}}}[{RI}]))",
+                        "{{workload}} -> {{route}}",
+                    )
+                ],
+                "Completion tokens per second reported by the backends.",
+            ),
+        ],
+    ),
+    (
+        "Speculative decoding (vLLM counters)",
+        [
+            (
+                "Acceptance rate per server",
+                "timeseries",
+                "percentunit",
+                6,
+                [q(acceptance("route, instance"), "{{instance}}")],
+                "rate(accepted tokens) / rate(draft tokens), per speculative vLLM server.",
+            ),
+            (
+                "Mean acceptance length",
+                "timeseries",
+                "short",
+                6,
+                [q(mean_acceptance_length("route, instance"), "{{instance}}")],
+                "1 + rate(accepted tokens) / rate(drafts): tokens emitted per target step.",
+            ),
+            (
+                "Acceptance by draft position",
+                "timeseries",
+                "percentunit",
+                6,
+                [
+                    q(
+                        "sum by (position) (rate("
+                        f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{{SPEC}}}[{RI}]))"
+                        f" / scalar(sum(rate(vllm:spec_decode_num_drafts_total{{{SPEC}}}[{RI}])))",
+                        "position {{position}}",
+                    )
+                ],
+                "Share of drafts whose token at this position was accepted.",
+            ),
+            (
+                "Draft and accepted tokens/s",
+                "timeseries",
+                "short",
+                6,
+                [
+                    q(
+                        f"sum(rate(vllm:spec_decode_num_draft_tokens_total{{{SPEC}}}[{RI}]))",
+                        "proposed",
+                    ),
+                    q(
+                        f"sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{SPEC}}}[{RI}]))",
+                        "accepted",
+                    ),
+                ],
+                "Draft tokens proposed and accepted per second.",
+            ),
+        ],
+    ),
+    (
+        "Backends (vLLM)",
+        [
+            (
+                "Running requests",
+                "timeseries",
+                "short",
+                6,
+                [q("sum by (route) (vllm:num_requests_running)", "{{route}}")],
+                "Requests in the engine's running batch.",
+            ),
+            (
+                "Waiting requests",
+                "timeseries",
+                "short",
+                6,
+                [q("sum by (route) (vllm:num_requests_waiting)", "{{route}}")],
+                "Requests queued in the engine (no KV cache or batch slot).",
+            ),
+            (
+                "KV cache usage",
+                "timeseries",
+                "percentunit",
+                6,
+                [q("max by (route) (vllm:kv_cache_usage_perc)", "{{route}}")],
+                "Share of the KV cache in use; above routing.rules.spec_max_kv_usage the "
+                "gateway stops sending to the speculative server.",
+            ),
+            (
+                "Gateway in-flight",
+                "timeseries",
+                "short",
+                6,
+                [q("sum by (backend) (specroute_inflight_requests)", "{{backend}}")],
+                "Requests the gateway is forwarding now, all replicas.",
+            ),
+            (
+                "Generation tokens/s (engine)",
+                "timeseries",
+                "short",
+                8,
+                [
+                    q(
+                        f"sum by (route) (rate(vllm:generation_tokens_total[{RI}]))",
+                        "{{route}} generated",
+                    ),
+                    q(f"sum by (route) (rate(vllm:prompt_tokens_total[{RI}]))", "{{route}} prompt"),
+                ],
+                "Tokens generated and prompt tokens processed per second by each engine.",
+            ),
+            (
+                "Engine latency p95",
+                "timeseries",
+                "s",
+                8,
+                [
+                    q(
+                        "histogram_quantile(0.95, sum by (route, le) (rate("
+                        f"vllm:time_to_first_token_seconds_bucket[{RI}])))",
+                        "TTFT {{route}}",
+                    ),
+                    q(
+                        "histogram_quantile(0.95, sum by (route, le) (rate("
+                        f"vllm:inter_token_latency_seconds_bucket[{RI}])))",
+                        "inter-token {{route}}",
+                    ),
+                    q(
+                        "histogram_quantile(0.95, sum by (route, le) (rate("
+                        f"vllm:e2e_request_latency_seconds_bucket[{RI}])))",
+                        "e2e {{route}}",
+                    ),
+                ],
+                "The engines' own view (no gateway hop): compare with the gateway's panels.",
+            ),
+            (
+                "Finished requests by reason",
+                "timeseries",
+                "reqps",
+                8,
+                [
+                    q(
+                        f"sum by (route, finished_reason) (rate(vllm:request_success_total[{RI}]))",
+                        "{{route}}: {{finished_reason}}",
+                    )
+                ],
+                "stop, length, abort (client disconnects the gateway passed on)...",
+            ),
+        ],
+    ),
+    (
+        "Errors",
+        [
+            (
+                "Requests by status",
+                "timeseries",
+                "reqps",
+                8,
+                [
+                    q(
+                        'sum by (route, status) (rate(specroute_requests_total{status!="2xx"}'
+                        f"[{RI}]))",
+                        "{{route}} {{status}}",
+                    )
+                ],
+                "Everything that was not a 2xx, by route and status class.",
+            ),
+            (
+                "Upstream errors",
+                "timeseries",
+                "short",
+                8,
+                [
+                    q(
+                        f"sum by (backend, kind) (rate(specroute_upstream_errors_total[{RI}]))",
+                        "{{backend}} {{kind}}",
+                    )
+                ],
+                "Failures talking to a backend per second, by kind.",
+            ),
+            (
+                "Scrape targets up",
+                "timeseries",
+                "short",
+                8,
+                [q('up{job=~"specroute-gateway|vllm"}', "{{job}} {{instance}}")],
+                "Prometheus's own view of the gateway replicas and vLLM servers.",
+            ),
+        ],
+    ),
+]
+
+TODO_TEXT = (
+    "Coming with later gateway metrics (see deploy/README.md, TODO): acceptance per "
+    "workload (specroute_spec_acceptance_rate), predicted vs measured latency, "
+    "backend gauges scraped by the gateway."
+)
+
+
+def panel(pid: int, x: int, y: int, spec: Panel) -> dict[str, Any]:
+    title, kind, unit, width, targets, description = spec
+    height = 4 if kind == "stat" else 8
+    out: dict[str, Any] = {
+        "id": pid,
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": {"h": height, "w": width, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "targets": [
+            {"datasource": DS, "refId": chr(ord("A") + i), "range": True, **t}
+            for i, t in enumerate(targets)
+        ],
+    }
+    if kind == "stat":
+        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "value"}
+    else:
+        out["options"] = {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    return out
+
+
+def build() -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    pid = 1
+    y = 0
+    for row_title, specs in ROWS:
+        panels.append(
+            {
+                "id": pid,
+                "type": "row",
+                "title": row_title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
+        pid += 1
+        y += 1
+        x = 0
+        row_height = 0
+        for spec in specs:
+            p = panel(pid, x, y, spec)
+            if x + p["gridPos"]["w"] > 24:
+                y += row_height
+                x = 0
+                row_height = 0
+                p["gridPos"].update(x=x, y=y)
+            panels.append(p)
+            pid += 1
+            x += p["gridPos"]["w"]
+            row_height = max(row_height, p["gridPos"]["h"])
+        y += row_height
+    panels.append(
+        {
+            "id": pid,
+            "type": "text",
+            "title": "Not yet exported",
+            "gridPos": {"h": 3, "w": 24, "x": 0, "y": y},
+            "options": {"mode": "markdown", "content": TODO_TEXT},
+        }
+    )
+    return {
+        "uid": UID,
+        "title": "specroute: speculative vs baseline routing",
+        "description": "Gateway routes, latency per route and workload, vLLM speculative "
+        "decoding acceptance, backend load and errors.",
+        "tags": ["specroute", "vllm", "speculative-decoding"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-3h", "to": "now"},
+        "timezone": "",
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                },
+                {
+                    "name": "workload",
+                    "label": "Workload",
+                    "type": "query",
+                    "datasource": DS,
+                    "query": {
+                        "query": "label_values(specroute_requests_total, workload)",
+                        "refId": "workload",
+                    },
+                    "definition": "label_values(specroute_requests_total, workload)",
+                    "refresh": 2,
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "current": {"text": "All", "value": "$__all"},
+                    "sort": 1,
+                    "hide": 0,
+                },
+            ]
+        },
+        "panels": panels,
+    }
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main() -> int:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(render())
+    print(f"wrote {OUT}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""EmulatorConfig: every knob of the emulated vLLM server, and its CLI flags.
+
+One frozen dataclass holds the whole configuration so that the CLI
+(`specroute emulate`), the demo and the tests build servers the same way. The
+CLI flags are derived from the dataclass fields (one flag per field, the help
+text taken from the field's metadata) so a knob cannot exist in one place and
+not the other. Defaults are the calibrated ones described in CALIBRATION.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+Mode = Literal["speculative", "baseline"]
+SpecMetricsLevel = Literal["none", "summary", "detailed"]
+
+
+def _knob(default: Any, help_text: str) -> Any:
+    """A dataclass field whose help text becomes the CLI flag's help."""
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    """Configuration of one emulated vLLM server (speculative or baseline)."""
+
+    mode: Mode
+    model: str = _knob("smollm2-135m", "served model name, as vLLM's --served-model-name")
+    seed: int = _knob(0, "seed for generated text and draft acceptance")
+    time_scale: float = _knob(1.0, "multiply every modelled cost (0.25 = 4x faster)")
+    # Engine limits (vLLM's --max-model-len, --max-num-seqs, --max-num-batched-tokens).
+    max_model_len: int = _knob(8192, "prompt + output tokens limit per request")
+    max_num_seqs: int = _knob(256, "most requests running in one batch")
+    max_num_batched_tokens: int = _knob(2048, "token budget per engine step (chunked prefill)")
+    kv_cache_tokens: int = _knob(262144, "KV cache capacity in tokens")
+    kv_block_size: int = _knob(16, "KV cache block size in tokens")
+    # Step-cost model (milliseconds at time_scale 1); see costs.py.
+    step_overhead_ms: float = _knob(2.0, "fixed cost of every step: launch, sampling, scheduling")
+    weights_read_ms: float = _knob(6.0, "memory time to stream the weights once per step")
+    kv_read_ms_per_seq: float = _knob(0.3, "memory time per running sequence (its KV cache)")
+    compute_ms_per_token: float = _knob(0.25, "compute time per token processed in a step")
+    # Speculative decoding.
+    num_speculative_tokens: int = _knob(4, "k: draft tokens proposed per step")
+    draft_cost_ratio: float = _knob(0.2, "c: one draft pass / one baseline decode step")
+    draft_prefill_ratio: float = _knob(0.05, "draft prefill compute / target prefill compute")
+    spec_overhead_ms: float = _knob(2.0, "extra fixed cost of a verify step (rejection sampler)")
+    per_request_spec_decode_metrics: SpecMetricsLevel = field(
+        default="none",
+        metadata={"help": "as vLLM's --per-request-spec-decode-metrics (speculative mode only)"},
+    )
+    # Per-request acceptance probability of each draft position (acceptance.py).
+    acceptance_structured: float = _knob(0.8, "json_object / json_schema output")
+    acceptance_code: float = _knob(0.75, "code- or SQL-looking prompts")
+    acceptance_chat: float = _knob(0.5, "ordinary chat")
+    acceptance_creative: float = _knob(0.25, "creative prompts, and temperature >= 1")
+    acceptance_jitter: float = _knob(0.05, "per-request uniform +- spread of acceptance")
+    # Length of plain-text answers that stop by themselves (EOS).
+    text_min_tokens: int = _knob(48, "shortest natural plain-text answer")
+    text_max_tokens: int = _knob(320, "longest natural plain-text answer")
+    count_client_aborts: bool = _knob(
+        True, "count client disconnects in vllm:request_success_total{finished_reason=abort}"
+    )
+    # Fault knobs at start-up (runtime: POST /emulator/faults); see faults.py.
+    fail_status: int = _knob(0, "answer generation requests with this HTTP status (0 = off)")
+    drop_after_chunks: int = _knob(-1, "drop the connection after N chunks (-1 = off)")
+    stall_s: float = _knob(0.0, "stall generation requests for this many seconds")
+    stall_after_chunks: int = _knob(0, "stall after N chunks (0 = before the response)")
+    refuse_connections: bool = _knob(False, "reset every connection before answering")
+    fault_limit: int = _knob(0, "apply status/drop/stall faults to N requests only (0 = all)")
+
+    def __post_init__(self) -> None:
+        problems = list(_problems(self))
+        if problems:
+            raise ValueError("invalid emulator config: " + "; ".join(problems))
+
+    def scaled(self, ms: float) -> float:
+        """Milliseconds of modelled cost -> seconds of wall clock at time_scale."""
+        return ms * self.time_scale / 1000.0
+
+
+def _problems(c: EmulatorConfig) -> list[str]:
+    out: list[str] = []
+    if c.mode not in get_args(Mode):
+        out.append(f"mode must be one of {get_args(Mode)}, got {c.mode!r}")
+    if c.per_request_spec_decode_metrics not in get_args(SpecMetricsLevel):
+        out.append("per_request_spec_decode_metrics must be none, summary or detailed")
+    elif c.per_request_spec_decode_metrics != "none" and c.mode != "speculative":
+        # vLLM 0.32 refuses this combination at start-up (config/vllm.py).
+        out.append("per_request_spec_decode_metrics requires mode=speculative")
+    if not c.model:
+        out.append("model must not be empty")
+    if c.time_scale <= 0:
+        out.append("time_scale must be > 0")
+    positive = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_block_size")
+    out += [f"{name} must be > 0" for name in positive if getattr(c, name) <= 0]
+    costs = (
+        "step_overhead_ms",
+        "weights_read_ms",
+        "kv_read_ms_per_seq",
+        "compute_ms_per_token",
+        "draft_cost_ratio",
+        "draft_prefill_ratio",
+        "spec_overhead_ms",
+        "stall_s",
+    )
+    out += [f"{name} must be >= 0" for name in costs if getattr(c, name) < 0]
+    if c.num_speculative_tokens < 1:
+        out.append("num_speculative_tokens must be >= 1")
+    if c.kv_cache_tokens < c.max_model_len + c.num_speculative_tokens + c.kv_block_size:
+        out.append("kv_cache_tokens must hold one max_model_len request")
+    if c.max_num_batched_tokens <= c.num_speculative_tokens:
+        out.append("max_num_batched_tokens must fit one speculative step (k + 1 tokens)")
+    probs = ("acceptance_structured", "acceptance_code", "acceptance_chat", "acceptance_creative")
+    out += [f"{name} must be in [0, 1]" for name in probs if not 0 <= getattr(c, name) <= 1]
+    if not 0 <= c.acceptance_jitter <= 0.5:
+        out.append("acceptance_jitter must be in [0, 0.5]")
+    if not 1 <= c.text_min_tokens <= c.text_max_tokens:
+        out.append("need 1 <= text_min_tokens <= text_max_tokens")
+    if c.fail_status and not 400 <= c.fail_status <= 599:
+        out.append("fail_status must be 0 or an HTTP error status (400-599)")
+    if c.drop_after_chunks < -1 or c.stall_after_chunks < 0 or c.fault_limit < 0:
+        out.append("drop_after_chunks >= -1, stall_after_chunks >= 0, fault_limit >= 0")
+    return out
+
+
+# ---- argparse glue: one flag per field -------------------------------------------------
+
+_CLI_ONLY = ("host", "port")
+
+
+def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --mode, --host, --port and one --flag per EmulatorConfig field."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    hints = get_type_hints(EmulatorConfig)
+    for f in dataclasses.fields(EmulatorConfig):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        if f.name == "mode":
+            parser.add_argument(flag, required=True, choices=get_args(Mode), help="engine kind")
+        elif hint is bool:
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=f.metadata["help"],
+            )
+        elif _is_literal(hint):
+            parser.add_argument(
+                flag, choices=get_args(hint), default=f.default, help=f.metadata["help"]
+            )
+        else:
+            parser.add_argument(
+                flag,
+                type=hint,
+                default=f.default,
+                help=f"{f.metadata['help']} (default: %(default)s)",
+            )
+
+
+def config_from_args(ns: argparse.Namespace) -> EmulatorConfig:
+    """Build the config from parsed flags; host and port stay with the caller."""
+    names = {f.name for f in dataclasses.fields(EmulatorConfig)}
+    values = {k: v for k, v in vars(ns).items() if k in names and k not in _CLI_ONLY}
+    return EmulatorConfig(**values)
+
+
+def _is_literal(hint: Any) -> bool:
+    return get_origin(hint) is Literal

@@ -1,0 +1,294 @@
+"""The emulated engine: one asyncio loop doing continuous batching, step by step.
+
+Each step, like vLLM v1's scheduler, serves the running requests first (one
+token each, or 1+k in speculative mode, out of a per-step token budget), then
+prefills prompts in chunks with what is left of the budget, admitting waiting
+requests in arrival order while the batch has room (max_num_seqs) and the KV
+cache can hold them. The step then lasts what costs.py says it costs, and at
+its end every request in it gets its tokens, as one StepOutput: a speculative
+step that accepted 2 of 4 drafts gives one output with 3 tokens' text.
+
+Timing is kept on a virtual clock: each step ends `cost` after the previous
+one ended, not after the loop woke up, so asyncio's late wake-ups and a busy
+machine's stalls are absorbed instead of accumulated, and the calibrated ratios
+hold at small time scales. A request that arrives mid-step joins the next step.
+
+Simplification: a request is admitted only when its whole KV footprint fits
+(the emulator knows the answer's length in advance), so it never preempts;
+vLLM admits on current need and preempts when the cache runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from .acceptance import draw_accepted
+from .config import EmulatorConfig
+from .costs import StepShape, step_seconds
+from .metrics import FinishedRequest, VllmMetrics
+from .textgen import Plan
+
+# A busy machine can stall the loop for a few hundred ms: steps then run back to back
+# until the clock is caught up, so the stall does not lengthen the requests in flight.
+# Past this much lateness (a suspended process) the clock is reset instead.
+_MAX_LAG_S = 1.0
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one engine step produced for one request."""
+
+    text: str
+    num_tokens: int
+    finish_reason: str | None = None
+    stop_reason: str | None = None
+
+
+@dataclass
+class SpecRecord:
+    """Per-request spec-decode statistics (vLLM's RequestSpecDecodeMetrics)."""
+
+    k: int
+    histogram: list[int]
+    num_draft_tokens: int = 0
+    per_step_accepted: list[int] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.histogram[accepted] += 1
+        self.num_draft_tokens += drafted
+        self.per_step_accepted.append(accepted)
+        self.per_step_drafted.append(drafted)
+
+
+class Sequence:
+    """One request inside the engine: its planned answer and its progress."""
+
+    def __init__(
+        self,
+        *,
+        prompt_tokens: int,
+        plan: Plan,
+        acceptance: float,
+        rng: random.Random,
+        max_tokens_param: int | None,
+        k: int,
+    ) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.plan = plan
+        self.acceptance = acceptance
+        self.rng = rng
+        self.max_tokens_param = max_tokens_param
+        self.spec = SpecRecord(k, [0] * (k + 1))
+        self.outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
+        self.arrival = asyncio.get_running_loop().time()
+        self.scheduled_at = 0.0
+        self.first_token_at = 0.0
+        self.last_token_at = 0.0
+        self.prefilled = 0
+        self.generated = 0
+        self.kv_reserved = 0
+        self.finished = False
+
+
+@dataclass
+class EngineCounts:
+    """Totals the admin endpoint reports (aborts included even when not in metrics)."""
+
+    submitted: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    client_aborts: int = 0
+
+
+@dataclass
+class _Batch:
+    decode: list[Sequence]
+    prefill: list[tuple[Sequence, int]]
+
+    def shape(self) -> StepShape:
+        return StepShape(len(self.decode), sum(chunk for _, chunk in self.prefill))
+
+
+class Engine:
+    """Continuous batching over emulated requests; run() is the engine loop."""
+
+    def __init__(self, config: EmulatorConfig, metrics: VllmMetrics) -> None:
+        self._c = config
+        self._metrics = metrics
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._kv_reserved = 0
+        self._wake = asyncio.Event()
+        self.counts = EngineCounts()
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks in use, as vllm:kv_cache_usage_perc."""
+        block = self._c.kv_block_size
+        used = sum(-(-(s.prefilled + s.generated) // block) for s in self._running)
+        return used * block / self._c.kv_cache_tokens
+
+    def submit(self, seq: Sequence) -> None:
+        """Queue a request; it joins the batch at the next step boundary."""
+        self.counts.submitted += 1
+        self._waiting.append(seq)
+        self._wake.set()
+
+    def abort(self, seq: Sequence) -> None:
+        """The client went away: drop the request wherever it is, as vLLM aborts it."""
+        if seq.finished:
+            return
+        if seq in self._waiting:
+            self._waiting.remove(seq)
+        self.counts.client_aborts += 1
+        self._finish(
+            seq, "abort", asyncio.get_running_loop().time(), record=self._c.count_client_aborts
+        )
+        self._publish_gauges()
+
+    def shutdown(self) -> None:
+        """Tell every pending request the engine is gone (server shutting down)."""
+        for seq in [*self._running, *self._waiting]:
+            seq.finished = True
+            seq.outputs.put_nowait(StepOutput("", 0, "error"))
+        self._running.clear()
+        self._waiting.clear()
+
+    async def run(self) -> None:
+        """The engine loop: schedule a step, wait out its cost, hand out its tokens."""
+        loop = asyncio.get_running_loop()
+        clock = loop.time()
+        while True:
+            batch = self._schedule(loop.time())
+            if not batch.decode and not batch.prefill:
+                self._publish_gauges()
+                self._wake.clear()
+                await self._wake.wait()
+                clock = loop.time()
+                continue
+            clock = max(clock, loop.time() - _MAX_LAG_S) + step_seconds(self._c, batch.shape())
+            await asyncio.sleep(max(0.0, clock - loop.time()))
+            self._apply(batch, loop.time())
+            self._publish_gauges()
+
+    def _schedule(self, now: float) -> _Batch:
+        budget = self._c.max_num_batched_tokens
+        per_decode = 1 + self._c.num_speculative_tokens if self._c.mode == "speculative" else 1
+        batch = _Batch([], [])
+        for seq in self._running:
+            if seq.prefilled == seq.prompt_tokens and budget >= per_decode:
+                batch.decode.append(seq)
+                budget -= per_decode
+        for seq in self._running:
+            if seq.prefilled < seq.prompt_tokens and budget > 0:
+                chunk = min(seq.prompt_tokens - seq.prefilled, budget)
+                batch.prefill.append((seq, chunk))
+                budget -= chunk
+        while self._waiting and budget > 0 and len(self._running) < self._c.max_num_seqs:
+            seq = self._waiting[0]
+            block = self._c.kv_block_size
+            need = -(
+                -(seq.prompt_tokens + len(seq.plan.pieces) + self._c.num_speculative_tokens)
+                // block
+            )
+            if self._kv_reserved + need * block > self._c.kv_cache_tokens:
+                break
+            self._waiting.popleft()
+            seq.kv_reserved = need * block
+            self._kv_reserved += seq.kv_reserved
+            seq.scheduled_at = now
+            self._running.append(seq)
+            self._metrics.prefix_queries.inc(seq.prompt_tokens)
+            chunk = min(seq.prompt_tokens, budget)
+            batch.prefill.append((seq, chunk))
+            budget -= chunk
+        return batch
+
+    def _apply(self, batch: _Batch, now: float) -> None:
+        k = self._c.num_speculative_tokens
+        tokens = 0
+        drafts = accepted_total = 0
+        per_pos = [0] * k
+        for seq, chunk in batch.prefill:
+            if seq.finished:
+                continue
+            seq.prefilled += chunk
+            tokens += chunk
+            if seq.prefilled == seq.prompt_tokens:
+                tokens += self._emit(seq, 1, now)
+        for seq in batch.decode:
+            if seq.finished:
+                continue
+            n = 1
+            if self._c.mode == "speculative":
+                accepted = draw_accepted(seq.acceptance, k, seq.rng)
+                seq.spec.observe(k, accepted)
+                drafts += 1
+                accepted_total += accepted
+                for pos in range(accepted):
+                    per_pos[pos] += 1
+                n += accepted
+            tokens += self._emit(seq, n, now)
+        self._metrics.iteration_tokens.observe(tokens)
+        if self._metrics.spec is not None and drafts:
+            self._metrics.spec.observe(drafts, drafts * k, accepted_total, per_pos)
+
+    def _emit(self, seq: Sequence, n: int, now: float) -> int:
+        pieces = seq.plan.pieces
+        n = min(n, len(pieces) - seq.generated)
+        text = "".join(pieces[seq.generated : seq.generated + n])
+        seq.generated += n
+        if seq.first_token_at == 0.0:
+            seq.first_token_at = now
+            self._metrics.ttft.observe(now - seq.arrival)
+            self._metrics.prompt_tokens.inc(seq.prompt_tokens)
+        else:
+            self._metrics.itl.observe(now - seq.last_token_at)
+        seq.last_token_at = now
+        self._metrics.generation_tokens.inc(n)
+        if seq.generated < len(pieces):
+            seq.outputs.put_nowait(StepOutput(text, n))
+        else:
+            seq.outputs.put_nowait(
+                StepOutput(text, n, seq.plan.finish_reason, seq.plan.stop_reason)
+            )
+            self._finish(seq, seq.plan.finish_reason, now, record=True)
+        return n
+
+    def _finish(self, seq: Sequence, reason: str, now: float, *, record: bool) -> None:
+        seq.finished = True
+        if seq in self._running:
+            self._running.remove(seq)
+            self._kv_reserved -= seq.kv_reserved
+        self.counts.finished[reason] = self.counts.finished.get(reason, 0) + 1
+        if not record:
+            return
+        first = seq.first_token_at or now
+        self._metrics.finished(
+            FinishedRequest(
+                finish_reason=reason,
+                e2e_s=now - seq.arrival,
+                queued_s=(seq.scheduled_at or now) - seq.arrival,
+                prefill_s=first - (seq.scheduled_at or now),
+                decode_s=(seq.last_token_at or now) - first,
+                inference_s=(seq.last_token_at or now) - (seq.scheduled_at or now),
+                prompt_tokens=seq.prompt_tokens,
+                generation_tokens=seq.generated,
+                max_tokens_param=seq.max_tokens_param,
+            )
+        )
+
+    def _publish_gauges(self) -> None:
+        self._metrics.running.set(len(self._running))
+        self._metrics.waiting.set(len(self._waiting))
+        self._metrics.kv_usage.set(self.kv_usage())

@@ -1,0 +1,97 @@
+"""Two emulated vLLM servers and the gateway in one process, on free local ports.
+
+Used by `specroute demo`, `specroute serve --emulate` and the benchmarks: the
+same app factories as production, run under AppRunner with handler
+cancellation on, on 127.0.0.1 ephemeral ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiohttp import web
+
+from classifier.tokens import TokenCounter
+from gateway.app import create_app
+from gateway.config import Config, parse_config
+from gateway.emulator import EmulatorConfig, create_emulator_app
+
+MODEL = "emulated-model"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStack:
+    speculative: str
+    baseline: str
+    gateway: str
+    emulator: EmulatorConfig  # the speculative one's knobs (k, c) as the gateway was told
+
+
+async def _serve(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind((host, port))
+    await web.SockSite(runner, sock).start()
+    return runner, f"http://{host}:{sock.getsockname()[1]}"
+
+
+def gateway_config(
+    spec_url: str, base_url: str, emulator: EmulatorConfig, **overrides: Any
+) -> Config:
+    """A gateway config for the emulated pair: k and c as the speculative emulator runs them."""
+    raw: dict[str, Any] = {
+        "backends": {
+            "speculative": {
+                "urls": [spec_url],
+                "num_speculative_tokens": emulator.num_speculative_tokens,
+                "draft_cost_ratio": emulator.draft_cost_ratio,
+            },
+            "baseline": {"urls": [base_url]},
+        },
+        "upstream": {"scrape_interval_s": 0.5, "health_interval_s": 1.0},
+    }
+    for section, values in overrides.items():
+        raw[section] = {**raw.get(section, {}), **values}
+    return parse_config(raw)
+
+
+@contextlib.asynccontextmanager
+async def local_stack(
+    *,
+    time_scale: float = 1.0,
+    seed: int = 0,
+    tokens: TokenCounter | None = None,
+    gateway_host: str = "127.0.0.1",
+    gateway_port: int = 0,
+    **gateway_overrides: Any,
+) -> AsyncIterator[LocalStack]:
+    spec_cfg = EmulatorConfig(
+        mode="speculative",
+        model=MODEL,
+        seed=seed,
+        time_scale=time_scale,
+        per_request_spec_decode_metrics="summary",
+    )
+    base_cfg = replace(spec_cfg, mode="baseline", per_request_spec_decode_metrics="none")
+    runners: list[web.AppRunner] = []
+    try:
+        spec_runner, spec_url = await _serve(create_emulator_app(spec_cfg))
+        runners.append(spec_runner)
+        base_runner, base_url = await _serve(create_emulator_app(base_cfg))
+        runners.append(base_runner)
+        config = gateway_config(spec_url, base_url, spec_cfg, **gateway_overrides)
+        gw_runner, gw_url = await _serve(
+            create_app(config, tokens=tokens), gateway_host, gateway_port
+        )
+        runners.append(gw_runner)
+        yield LocalStack(spec_url, base_url, gw_url, spec_cfg)
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()

@@ -1,0 +1,59 @@
+"""A route nobody sends traffic to learns from the one that gets it."""
+
+from __future__ import annotations
+
+import pytest
+
+from classifier.latency import LatencyModel, LatencyPriors
+from classifier.policy import Route
+
+
+def _observe_baseline(model: LatencyModel, n: int, slowdown: float) -> None:
+    priors = LatencyPriors()
+    for i in range(n):
+        prompt, out, batch = 100 + 10 * i, 100, 1 + i % 4
+        ttft = slowdown * (priors.ttft_base_s + priors.prefill_s_per_token * prompt)
+        decode = slowdown * (out - 1) * (priors.step_base_s + priors.step_per_seq_s * batch)
+        model.observe(
+            Route.BASELINE,
+            prompt_tokens=prompt,
+            output_tokens=out,
+            batch=batch,
+            waiting=0,
+            tokens_per_step=1.0,
+            duration_s=ttft + decode,
+            ttft_s=ttft,
+        )
+
+
+def test_an_unobserved_route_follows_the_observed_routes_scale() -> None:
+    model = LatencyModel(LatencyPriors(), num_speculative_tokens=4, draft_cost_ratio=0.2)
+    spec_before = model.predict(Route.SPECULATIVE, 200, 100, 1, tokens_per_step=2.0)
+    _observe_baseline(model, 60, slowdown=0.5)  # the engine is twice as fast as the priors
+    base_ratio = model.predict(Route.BASELINE, 200, 100, 1) / LatencyModel(
+        LatencyPriors(), 4, 0.2
+    ).predict(Route.BASELINE, 200, 100, 1)
+    spec_after = model.predict(Route.SPECULATIVE, 200, 100, 1, tokens_per_step=2.0)
+    assert base_ratio == pytest.approx(0.5, rel=0.1)
+    assert spec_after / spec_before == pytest.approx(base_ratio, rel=0.1)
+
+
+def test_a_route_with_its_own_traffic_stands_on_its_own_fit() -> None:
+    model = LatencyModel(LatencyPriors(), num_speculative_tokens=4, draft_cost_ratio=0.2)
+    priors = LatencyPriors()
+    for _ in range(200):  # the speculative route, exactly at its prior
+        model.observe(
+            Route.SPECULATIVE,
+            prompt_tokens=100,
+            output_tokens=50,
+            batch=1,
+            waiting=0,
+            tokens_per_step=1.0,
+            duration_s=priors.ttft_base_s
+            + priors.prefill_s_per_token * 100
+            + 49 * (priors.step_base_s + priors.step_per_seq_s) * 1.8,
+            ttft_s=priors.ttft_base_s + priors.prefill_s_per_token * 100,
+        )
+    at_prior = model.predict(Route.SPECULATIVE, 100, 50, 1)
+    _observe_baseline(model, 200, slowdown=0.5)
+    assert model.predict(Route.SPECULATIVE, 100, 50, 1) == pytest.approx(at_prior, rel=0.05)

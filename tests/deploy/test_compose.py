@@ -1,0 +1,231 @@
+"""deploy/compose: the compose file validates against the Compose
+specification's JSON schema (no Docker engine here to run it), and what the
+services rely on is there: mounts, ports, the staggered start, the GPU, the
+gateway's config (loaded with the gateway's own loader), Prometheus's
+targets, Grafana's provisioning."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deploy.gpu.sizing import LLAMA_31_8B, LLAMA_32_1B, plan_example
+from gateway.config import load_config
+from tests.deploy.conftest import DEPLOY, ROOT, run
+
+COMPOSE_DIR = DEPLOY / "compose"
+COMPOSE = COMPOSE_DIR / "compose.yaml"
+ENV_FILE = COMPOSE_DIR / "example.env"
+CHECK_COMPOSE = [
+    sys.executable,
+    "-m",
+    "check_jsonschema",
+    "--builtin-schema",
+    "vendor.compose-spec",
+]
+_VAR = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}|\$(\w+)")
+
+
+def read_env(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key.strip()] = value
+    return env
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's variable interpolation (${VAR}, ${VAR:-default}, ${VAR:?error})."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(4)
+        op, arg = m.group(2), m.group(3)
+        have = env.get(name)
+        empty = have is None or (have == "" and op is not None and op.startswith(":"))
+        if op and op.endswith("-") and empty:
+            return arg or ""
+        if op and op.endswith("?") and empty:
+            raise KeyError(f"{name}: {arg}")
+        return have or ""
+
+    return _VAR.sub(sub, value)
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def compose(raw: dict[str, Any]) -> dict[str, Any]:
+    return interpolate(raw, read_env(ENV_FILE))  # type: ignore[no-any-return]
+
+
+def test_compose_spec_schema() -> None:
+    res = run(
+        [*CHECK_COMPOSE, str(COMPOSE)],
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ok -- validation done" in res.stdout
+
+
+def test_the_schema_check_catches_a_typo(tmp_path: Path) -> None:
+    bad = tmp_path / "compose.yaml"
+    bad.write_text("services:\n  gateway:\n    image: x\n    helthcheck: {}\n")
+    res = run(
+        [*CHECK_COMPOSE, str(bad)],
+        timeout=60,
+    )
+    assert res.returncode != 0
+
+
+def test_services(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {
+        "vllm-speculative",
+        "vllm-baseline",
+        "gateway",
+        "prometheus",
+        "grafana",
+    }
+
+
+def test_every_required_variable_is_in_example_env(raw: dict[str, Any]) -> None:
+    text = COMPOSE.read_text()
+    env = read_env(ENV_FILE)
+    required = {m.group(1) for m in _VAR.finditer(text) if m.group(2) in (":?", "?")}
+    assert required, "expected required variables"
+    assert required <= set(env), f"example.env lacks {sorted(required - set(env))}"
+    interpolate(raw, env)  # raises KeyError if one is missing
+
+
+def _flags(command: list[str]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in command if a.startswith("--") and "=" in a)
+
+
+def test_the_vllm_pair(compose: dict[str, Any]) -> None:
+    spec = compose["services"]["vllm-speculative"]
+    base = compose["services"]["vllm-baseline"]
+    sf, bf = _flags(spec["command"]), _flags(base["command"])
+    assert spec["entrypoint"] == base["entrypoint"] == ["vllm", "serve"]
+    # The same model under the same name, on the same port inside its container.
+    assert spec["command"][0] == base["command"][0]
+    assert spec["command"][0].startswith("/models/")
+    assert sf["served-model-name"] == bf["served-model-name"] != ""
+    assert sf["port"] == bf["port"] == "8000"
+    assert sf["host"] == bf["host"] == "0.0.0.0"
+    # Speculation, and its per-request metrics, on one of them only.
+    config = json.loads(sf["speculative-config"])
+    assert config["method"] in {"draft_model", "ngram", "eagle", "eagle3", "mtp"}
+    assert config.get("model", "/models/").startswith("/models/")
+    assert sf["per-request-spec-decode-metrics"] in ("summary", "detailed")
+    assert "speculative-config" not in bf and "per-request-spec-decode-metrics" not in bf
+    # The example split is sizing.py's for the example pair on an H200.
+    plan = plan_example("H200", LLAMA_31_8B, LLAMA_32_1B)
+    assert float(sf["gpu-memory-utilization"]) == plan.speculative.gpu_memory_utilization
+    assert float(bf["gpu-memory-utilization"]) == plan.baseline.gpu_memory_utilization
+    assert float(sf["gpu-memory-utilization"]) + float(bf["gpu-memory-utilization"]) < 1
+    # One GPU, shared.
+    devices = [s["deploy"]["resources"]["reservations"]["devices"] for s in (spec, base)]
+    assert devices[0] == devices[1]
+    assert devices[0][0]["driver"] == "nvidia" and devices[0][0]["capabilities"] == ["gpu"]
+    assert len(devices[0][0]["device_ids"]) == 1
+    # Staggered start: the baseline waits until the speculative server is healthy.
+    assert base["depends_on"]["vllm-speculative"]["condition"] == "service_healthy"
+    assert "127.0.0.1:8000/health" in " ".join(spec["healthcheck"]["test"])
+    for s in (spec, base):
+        assert s["environment"]["HF_HUB_OFFLINE"] == "1"
+        assert s["environment"]["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "1"
+        assert any(v.endswith(":/models:ro") for v in s["volumes"])
+
+
+def test_the_gateway_and_its_config(compose: dict[str, Any]) -> None:
+    gw = compose["services"]["gateway"]
+    dockerfile = COMPOSE_DIR / gw["build"]["context"] / gw["build"]["dockerfile"]
+    assert dockerfile.is_file()
+    assert (COMPOSE_DIR / gw["build"]["context"]).resolve() == ROOT
+    source, target, _ = next(v for v in gw["volumes"] if "config.toml" in v).split(":")
+    assert gw["command"] == ["serve", "--config", target]
+    config = load_config(COMPOSE_DIR / source)  # the gateway's own validation
+    assert config.server.host == "0.0.0.0"
+    assert f":{config.server.port}" in gw["ports"][0]
+    assert gw["ports"][0].endswith(f":{config.server.port}")
+    assert f"{config.server.port}/health" in " ".join(gw["healthcheck"]["test"])
+    services = compose["services"]
+    for route, service in (("speculative", "vllm-speculative"), ("baseline", "vllm-baseline")):
+        backend = getattr(config.backends, route)
+        assert backend.urls == (f"http://{service}:8000",)
+        # The key the gateway sends is the one vLLM requires.
+        assert backend.api_key_env in gw["environment"]
+        raw_env = yaml.safe_load(COMPOSE.read_text())["services"]["gateway"]["environment"]
+        assert raw_env[backend.api_key_env] == "${VLLM_API_KEY:-}"
+        assert (
+            services[service]["environment"]["VLLM_API_KEY"]
+            == gw["environment"][backend.api_key_env]
+        )
+    k = json.loads(_flags(services["vllm-speculative"]["command"])["speculative-config"])
+    assert config.backends.speculative.num_speculative_tokens == k["num_speculative_tokens"]
+    grace = int(gw["stop_grace_period"].rstrip("s"))
+    assert grace > config.server.drain_s
+
+
+def test_prometheus_scrapes_the_services(compose: dict[str, Any]) -> None:
+    prom = compose["services"]["prometheus"]
+    source, target, _ = prom["volumes"][0].split(":")
+    mounted = (COMPOSE_DIR / source).resolve()
+    assert mounted == DEPLOY / "prometheus"
+    config_file = next(a for a in prom["command"] if a.startswith("--config.file="))
+    config_path = mounted / Path(config_file.split("=", 1)[1]).relative_to(target)
+    config = yaml.safe_load(config_path.read_text())
+    targets = {
+        (job["job_name"], t, (sc.get("labels") or {}).get("route"))
+        for job in config["scrape_configs"]
+        for sc in job["static_configs"]
+        for t in sc["targets"]
+    }
+    gateway_port = load_config(COMPOSE_DIR / "config.toml").server.port
+    assert targets == {
+        ("specroute-gateway", f"gateway:{gateway_port}", None),
+        ("vllm", "vllm-speculative:8000", "speculative"),
+        ("vllm", "vllm-baseline:8000", "baseline"),
+    }
+    assert list(mounted.glob(config["rule_files"][0]))
+
+
+def test_grafana_provisioning(compose: dict[str, Any]) -> None:
+    graf = compose["services"]["grafana"]
+    mounts = {v.split(":")[1]: (COMPOSE_DIR / v.split(":")[0]) for v in graf["volumes"]}
+    provisioning = mounts["/etc/grafana/provisioning"].resolve()
+    assert provisioning == DEPLOY / "grafana" / "provisioning"
+    datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    assert datasource["datasources"][0]["type"] == "prometheus"
+    provider = yaml.safe_load((provisioning / "dashboards" / "specroute.yml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    assert path in mounts and list(mounts[path].glob("*.json"))
+    home = graf["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (mounts[path] / Path(home).relative_to(path)).is_file()
+
+
+def test_every_bind_mount_source_exists(compose: dict[str, Any]) -> None:
+    named = set(compose.get("volumes", {}))
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source in named or source.startswith("/"):
+                continue
+            assert (COMPOSE_DIR / source).exists(), f"{name}: {source}"

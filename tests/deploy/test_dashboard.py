@@ -1,0 +1,79 @@
+"""deploy/grafana: the dashboard JSON is build_dashboard.py's output, its
+panels are well formed and lie on Grafana's 24-column grid without overlap,
+and it has the panels the issue asks for."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from deploy.grafana import build_dashboard
+from tests.deploy.conftest import DEPLOY
+
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "specroute.json"
+
+
+def load() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())  # type: ignore[no-any-return]
+
+
+def test_the_json_is_the_generators_output() -> None:
+    assert DASHBOARD.read_text() == build_dashboard.render(), (
+        "run: python3 deploy/grafana/build_dashboard.py"
+    )
+
+
+def test_panels_are_well_formed_and_do_not_overlap() -> None:
+    dash = load()
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not cells & mine, f"{p['title']} overlaps another panel"
+        cells |= mine
+        if p["type"] in ("timeseries", "stat"):
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert p["targets"], p["title"]
+            refs = [t["refId"] for t in p["targets"]]
+            assert len(refs) == len(set(refs))
+            assert p["fieldConfig"]["defaults"]["unit"]
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["workload"]["includeAll"] is True
+
+
+def test_the_panels_the_issue_lists() -> None:
+    dash = load()
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+    titles = " ".join(p["title"] for p in dash["panels"])
+    # p50/p95 TTFT, time per output token and e2e, by route and by workload.
+    for metric in (
+        "specroute_time_to_first_token_seconds_bucket",
+        "specroute_time_per_output_token_seconds_bucket",
+        "specroute_request_duration_seconds_bucket",
+    ):
+        for by in ("sum by (route, le)", "sum by (workload, route, le)"):
+            for q in ("histogram_quantile(0.5, ", "histogram_quantile(0.95, "):
+                assert f"{q}{by} (rate({metric}" in exprs, (q, by, metric)
+    # Route mix and reasons.
+    assert "sum by (route, reason) (rate(specroute_route_decisions_total" in exprs
+    # Acceptance rate and mean acceptance length from vLLM's counters.
+    assert "rate(vllm:spec_decode_num_accepted_tokens_total" in exprs
+    assert "/ sum by (route, instance) (rate(vllm:spec_decode_num_draft_tokens_total" in exprs
+    assert "1 + sum by (route, instance) (rate(vllm:spec_decode_num_accepted_tokens_total" in exprs
+    # Backend running / waiting / KV usage, and errors.
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "specroute_upstream_errors_total",
+    ):
+        assert name in exprs
+    # What cannot be shown yet is said on the dashboard.
+    assert "Not yet exported" in titles

@@ -1,0 +1,156 @@
+"""Fixtures for the real-engine tier: a CPU vLLM pair started by deploy/cpu/up.sh.
+
+The tier runs only when SPECROUTE_VLLM_BACKENDS names the two servers:
+
+    eval "$(deploy/cpu/up.sh | paste -sd, | sed 's/^/export SPECROUTE_VLLM_BACKENDS=/')"
+    # i.e. SPECROUTE_VLLM_BACKENDS="speculative=http://127.0.0.1:8101,baseline=http://127.0.0.1:8102"
+    pytest -m vllm tests/vllm
+
+Both servers must serve the same model under the same name and be otherwise
+idle while the tier runs (some tests compare /metrics counters before and
+after one request).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+ENV = "SPECROUTE_VLLM_BACKENDS"
+ROUTES = ("speculative", "baseline")
+
+
+@dataclass(frozen=True)
+class Backends:
+    speculative: str
+    baseline: str
+    model: str
+
+    def url(self, route: str) -> str:
+        return {"speculative": self.speculative, "baseline": self.baseline}[route]
+
+
+def parse_backends(value: str) -> dict[str, str]:
+    """'speculative=URL,baseline=URL' -> {'speculative': URL, 'baseline': URL}."""
+    out: dict[str, str] = {}
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, url = part.partition("=")
+        name, url = name.strip(), url.strip().rstrip("/")
+        if not sep or name not in ROUTES or not url.startswith(("http://", "https://")):
+            raise ValueError(f"bad {ENV} entry {part!r}: want 'speculative=URL,baseline=URL'")
+        out[name] = url
+    missing = [r for r in ROUTES if r not in out]
+    if missing:
+        raise ValueError(f"{ENV} lacks {', '.join(missing)}: want 'speculative=URL,baseline=URL'")
+    return out
+
+
+def backends_configured() -> bool:
+    return bool(os.environ.get(ENV, "").strip())
+
+
+def _get_json(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        data = json.load(r)
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="session")
+def backends() -> Backends:
+    if not backends_configured():
+        pytest.skip(f"{ENV} not set (start the pair with deploy/cpu/up.sh)")
+    urls = parse_backends(os.environ[ENV])
+    models: dict[str, list[str]] = {}
+    for route, url in urls.items():
+        try:
+            listing = _get_json(url + "/v1/models")
+        except (urllib.error.URLError, OSError) as e:
+            pytest.fail(f"{route} backend {url} does not answer /v1/models: {e}")
+        data = listing["data"]
+        assert isinstance(data, list)
+        models[route] = [m["id"] for m in data]
+    assert models["speculative"] == models["baseline"], f"the two servers differ: {models}"
+    assert len(models["speculative"]) == 1, models
+    return Backends(
+        speculative=urls["speculative"],
+        baseline=urls["baseline"],
+        model=models["speculative"][0],
+    )
+
+
+# ---- Prometheus text parsing (just enough for vLLM's /metrics) ----
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\d+)?$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+LabelSet = frozenset[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Scrape:
+    samples: Mapping[tuple[str, LabelSet], float]
+    types: Mapping[str, str]
+
+    def get(self, name: str, **labels: str) -> float:
+        """Sum of the samples named `name` whose labels include `labels`."""
+        want = set(labels.items())
+        found = [v for (n, ls), v in self.samples.items() if n == name and want <= ls]
+        if not found:
+            raise KeyError(f"no sample {name}{labels or ''}")
+        return sum(found)
+
+    def has(self, name: str) -> bool:
+        return any(n == name for n, _ in self.samples)
+
+    def names(self, prefix: str = "") -> set[str]:
+        return {n for n, _ in self.samples if n.startswith(prefix)}
+
+
+def parse_metrics(text: str) -> Scrape:
+    samples: dict[tuple[str, LabelSet], float] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, typ = line.split(None, 3)
+            types[name] = typ.strip()
+            continue
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            raise ValueError(f"unparsable metrics line: {line!r}")
+        labels: LabelSet = frozenset(_LABEL.findall(m.group(3) or ""))
+        samples[(m.group(1), labels)] = float(m.group(4))
+    return Scrape(samples=samples, types=types)
+
+
+# ---- async fixtures ----
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        yield session
+
+
+@pytest.fixture
+def scrape(http: aiohttp.ClientSession) -> Callable[[str], Awaitable[Scrape]]:
+    async def _scrape(base_url: str) -> Scrape:
+        async with http.get(base_url + "/metrics") as r:
+            assert r.status == 200, r.status
+            return parse_metrics(await r.text())
+
+    return _scrape
