@@ -39,6 +39,13 @@ _BLOBS: dict[str, tuple[str, str]] = {
 # prompt and history every turn, and an exact count costs ~0.2 us per token.
 _MEMO_MIN_CHARS = 512
 _MEMO_BUDGET_CHARS = 8_000_000
+# Texts longer than this are counted on evenly spaced windows and scaled up by
+# length: the router needs a prompt's size to a few percent (prefill cost), not
+# to the token, and an exact count of a 2k-token prompt (~400 us) would be most
+# of the decision's budget. The backend's usage reports the exact count later.
+_EXACT_MAX_CHARS = 4096
+_WINDOWS = 6
+_WINDOW_CHARS = 192
 
 
 class TokenCounter(Protocol):
@@ -140,6 +147,8 @@ class _TiktokenCounter:
     def count(self, text: str) -> int:
         if len(text) < _MEMO_MIN_CHARS:
             return len(self._encode(text))
+        if len(text) > _EXACT_MAX_CHARS:
+            return self._estimate(text)
         with self._lock:
             hit = self._memo.get(text)
             if hit is not None:
@@ -155,3 +164,11 @@ class _TiktokenCounter:
                         old, _ = self._memo.popitem(last=False)
                         self._memo_chars -= len(old)
         return n
+
+    def _estimate(self, text: str) -> int:
+        """Tokens per character on a few windows across the text, times its length."""
+        span = len(text) - _WINDOW_CHARS
+        starts = [span * i // (_WINDOWS - 1) for i in range(_WINDOWS)]
+        # Each window cut splits about one token in two: take that back out.
+        tokens = sum(len(self._encode(text[s : s + _WINDOW_CHARS])) - 0.5 for s in starts)
+        return max(1, round(tokens * len(text) / (_WINDOWS * _WINDOW_CHARS)))

@@ -134,7 +134,7 @@ async def relay(
             return await _relay_stream(
                 request, upstream, exchange, response_headers, strip_usage_chunk
             )
-        return await _relay_whole(upstream, exchange, response_headers, name)
+        return await _relay_whole(request, upstream, exchange, response_headers, name)
     finally:
         # On success the body was read to the end and the connection goes back
         # to the pool; on cancellation or error it is closed, which is what
@@ -150,6 +150,7 @@ def failure_response(
 
 
 async def _relay_whole(
+    request: web.Request,
     upstream: aiohttp.ClientResponse,
     exchange: Exchange,
     response_headers: dict[str, str],
@@ -166,17 +167,24 @@ async def _relay_whole(
             exchange, 502, f"backend {name} broke the answer: {_why(exc)}", response_headers
         )
     exchange.status = upstream.status
+    headers = dict(response_headers)
+    headers["Content-Type"] = upstream.headers.get("Content-Type", "application/json")
+    response = web.Response(status=upstream.status, body=payload, headers=headers)
+    # Send it now: the parsing and accounting below are ours, not the client's, to wait for.
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionResetError:
+        exchange.error_kind = "client_disconnect"
+    exchange.finished = time.perf_counter()
+    exchange.bytes_sent = len(payload)
     if upstream.status == 200 and upstream.content_type == "application/json":
         exchange.report = _loads(payload)
         if exchange.report is not None and isinstance(exchange.report.get("usage"), dict):
             exchange.usage = exchange.report["usage"]
-    elif upstream.status >= 500:
+    elif upstream.status >= 500 and exchange.error_kind is None:
         exchange.error_kind = "http_5xx"  # a 4xx is the client's, not the backend's, failure
-    headers = dict(response_headers)
-    headers["Content-Type"] = upstream.headers.get("Content-Type", "application/json")
-    exchange.finished = time.perf_counter()
-    exchange.bytes_sent = len(payload)
-    return web.Response(status=upstream.status, body=payload, headers=headers)
+    return response
 
 
 async def _relay_stream(
