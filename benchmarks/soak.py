@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import structlog
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,16 @@ from gateway.telemetry import configure_logging  # noqa: E402
 from gateway.workloads import build  # noqa: E402
 
 MODEL = "emulated-model"
+
+
+GATEWAY_ERRORS: list[str] = []
+
+
+def _count_errors(logger: object, method: str, event: dict[str, object]) -> dict[str, object]:
+    """Every error the gateway logs is a bug the soak found (the client saw nothing)."""
+    if method in ("error", "exception", "critical"):
+        GATEWAY_ERRORS.append(str(event.get("event")))
+    return event
 
 
 def free_port() -> int:
@@ -251,7 +262,7 @@ async def soak(duration: float, concurrency: int, seed: int, rss_bound_mb: float
     print(
         f"  RSS {rss_start:.1f} MB -> {rss_end:.1f} MB ({rss_end - rss_start:+.1f} MB, bound "
         f"{rss_bound_mb} MB); asyncio tasks {tasks_start} -> {tasks_end}; "
-        f"ResourceWarnings {len(resource_warnings)}"
+        f"ResourceWarnings {len(resource_warnings)}; gateway errors logged {len(GATEWAY_ERRORS)}"
     )
     for failure in tally.failures[:10]:
         print(f"  failure: {failure}")
@@ -259,7 +270,8 @@ async def soak(duration: float, concurrency: int, seed: int, rss_bound_mb: float
         tally.failed > 0
         or rss_end - rss_start > rss_bound_mb
         or tasks_end > tasks_start
-        or resource_warnings
+        or bool(resource_warnings)
+        or bool(GATEWAY_ERRORS)
     )
     print(
         json.dumps(
@@ -267,6 +279,7 @@ async def soak(duration: float, concurrency: int, seed: int, rss_bound_mb: float
                 "ok": not bad,
                 "requests": total,
                 "failed": tally.failed,
+                "gateway_errors": len(GATEWAY_ERRORS),
                 "rss_start_mb": round(rss_start, 1),
                 "rss_end_mb": round(rss_end, 1),
             }
@@ -285,4 +298,5 @@ if __name__ == "__main__":
     parser.add_argument("--rss-bound-mb", type=float, default=30.0)
     args = parser.parse_args()
     configure_logging("error")  # one JSON line per request would drown the figures
+    structlog.configure(processors=[_count_errors, *structlog.get_config()["processors"]])
     sys.exit(asyncio.run(soak(args.duration, args.concurrency, args.seed, args.rss_bound_mb)))

@@ -18,7 +18,7 @@ from aiohttp import web
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import Config, parse_config
-from gateway.emulator import EmulatorConfig, create_emulator_app
+from gateway.emulator import EmulatorConfig, SharedGpu, create_emulator_app
 
 MODEL = "emulated-model"
 
@@ -81,10 +81,11 @@ async def local_stack(
     )
     base_cfg = replace(spec_cfg, mode="baseline", per_request_spec_decode_metrics="none")
     runners: list[web.AppRunner] = []
+    gpu = SharedGpu()  # both servers on one GPU, as deployed
     try:
-        spec_runner, spec_url = await _serve(create_emulator_app(spec_cfg))
+        spec_runner, spec_url = await _serve(create_emulator_app(spec_cfg, gpu))
         runners.append(spec_runner)
-        base_runner, base_url = await _serve(create_emulator_app(base_cfg))
+        base_runner, base_url = await _serve(create_emulator_app(base_cfg, gpu))
         runners.append(base_runner)
         config = gateway_config(spec_url, base_url, spec_cfg, **gateway_overrides)
         gw_runner, gw_url = await _serve(

@@ -218,7 +218,10 @@ async def _relay_stream(
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
         await _end_stream_with_error(response, exchange, "upstream_broken", _why(exc))
     exchange.finished = time.perf_counter()
-    await response.write_eof()
+    try:
+        await response.write_eof()
+    except ConnectionResetError:  # gone between the last event and the end of the body
+        exchange.error_kind = "client_disconnect"
     return response
 
 

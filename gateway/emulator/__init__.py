@@ -9,6 +9,7 @@ Everything it prints says it is emulated. See CALIBRATION.md for the model.
 from .app import create_emulator_app
 from .cli import main
 from .config import EmulatorConfig, add_emulator_arguments, config_from_args
+from .engine import SharedGpu
 from .generation import ACCEPTANCE_HEADER, EMULATOR, EmulatorState
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "EMULATOR",
     "EmulatorConfig",
     "EmulatorState",
+    "SharedGpu",
     "add_emulator_arguments",
     "config_from_args",
     "create_emulator_app",

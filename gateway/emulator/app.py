@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import protocol
 from .config import EmulatorConfig
-from .engine import Engine
+from .engine import Engine, SharedGpu
 from .faults import Faults, reset_connection
 from .generation import EMULATOR, EmulatorState, chat_completions, completions
 from .metrics import VllmMetrics
@@ -36,11 +36,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _ADMIN = "/emulator/"
 
 
-def create_emulator_app(config: EmulatorConfig) -> web.Application:
-    """An aiohttp app that behaves like `vllm serve` for config.model, timed like an engine."""
+def create_emulator_app(config: EmulatorConfig, gpu: SharedGpu | None = None) -> web.Application:
+    """An aiohttp app that behaves like `vllm serve` for config.model, timed like an engine.
+
+    Pass the same `gpu` to two apps in one process to have them share one GPU.
+    """
     app = web.Application(middlewares=[_errors_and_refusals])
     metrics = VllmMetrics(config)
-    app[EMULATOR] = EmulatorState(config, metrics, Engine(config, metrics), Faults(config))
+    engine = Engine(config, metrics, gpu)
+    app[EMULATOR] = EmulatorState(config, metrics, engine, Faults(config))
     app.cleanup_ctx.append(_engine_loop)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)

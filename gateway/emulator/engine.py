@@ -112,12 +112,36 @@ class _Batch:
         return StepShape(len(self.decode), sum(chunk for _, chunk in self.prefill))
 
 
+class SharedGpu:
+    """One GPU that two emulated servers take turns on, as two vLLM processes do.
+
+    Production runs the speculative and the baseline server on the same GPU,
+    so a step of one delays the other's next step (time-slicing; with MPS some
+    kernels would overlap, so this is the pessimistic end). Without it, two
+    emulated servers would have twice the compute of one, and splitting load
+    between them would look better than it is. Only servers in one process
+    can share it (local_stack does; `specroute emulate` runs each alone).
+    """
+
+    def __init__(self) -> None:
+        self.busy_until = 0.0
+
+    def reserve(self, earliest: float, cost: float) -> float:
+        """Book `cost` seconds of GPU from `earliest` on; return when the step ends."""
+        start = max(earliest, self.busy_until)
+        self.busy_until = start + cost
+        return self.busy_until
+
+
 class Engine:
     """Continuous batching over emulated requests; run() is the engine loop."""
 
-    def __init__(self, config: EmulatorConfig, metrics: VllmMetrics) -> None:
+    def __init__(
+        self, config: EmulatorConfig, metrics: VllmMetrics, gpu: SharedGpu | None = None
+    ) -> None:
         self._c = config
         self._metrics = metrics
+        self._gpu = gpu
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._kv_reserved = 0
@@ -176,7 +200,9 @@ class Engine:
                 await self._wake.wait()
                 clock = loop.time()
                 continue
-            clock = max(clock, loop.time() - _MAX_LAG_S) + step_seconds(self._c, batch.shape())
+            clock = max(clock, loop.time() - _MAX_LAG_S)
+            cost = step_seconds(self._c, batch.shape())
+            clock = self._gpu.reserve(clock, cost) if self._gpu is not None else clock + cost
             await asyncio.sleep(max(0.0, clock - loop.time()))
             self._apply(batch, loop.time())
             self._publish_gauges()
