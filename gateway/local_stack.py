@@ -31,9 +31,10 @@ class LocalStack:
     emulator: EmulatorConfig  # the speculative one's knobs (k, c) as the gateway was told
 
 
-async def _serve(
+async def serve_app(
     app: web.Application, host: str = "127.0.0.1", port: int = 0
 ) -> tuple[web.AppRunner, str]:
+    """Run `app` as production does (handler cancellation on); return its runner and URL."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     sock = socket.socket()
@@ -83,12 +84,12 @@ async def local_stack(
     runners: list[web.AppRunner] = []
     gpu = SharedGpu()  # both servers on one GPU, as deployed
     try:
-        spec_runner, spec_url = await _serve(create_emulator_app(spec_cfg, gpu))
+        spec_runner, spec_url = await serve_app(create_emulator_app(spec_cfg, gpu))
         runners.append(spec_runner)
-        base_runner, base_url = await _serve(create_emulator_app(base_cfg, gpu))
+        base_runner, base_url = await serve_app(create_emulator_app(base_cfg, gpu))
         runners.append(base_runner)
         config = gateway_config(spec_url, base_url, spec_cfg, **gateway_overrides)
-        gw_runner, gw_url = await _serve(
+        gw_runner, gw_url = await serve_app(
             create_app(config, tokens=tokens), gateway_host, gateway_port
         )
         runners.append(gw_runner)

@@ -8,16 +8,15 @@ server, and with a real upstream server that records its own cancellation.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
+from gateway.local_stack import serve_app
 from tests.gateway.conftest import make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_observability import samples
@@ -29,14 +28,9 @@ async def production_gateway(
     spec_server: TestServer, base_server: TestServer, tokens: TokenCounter
 ) -> AsyncIterator[str]:
     config = make_config(str(spec_server.make_url("")), str(base_server.make_url("")))
-    runner = web.AppRunner(create_app(config, tokens=tokens), handler_cancellation=True)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    site = web.SockSite(runner, sock)
-    await site.start()
+    runner, url = await serve_app(create_app(config, tokens=tokens))  # handler cancellation on
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield url
     finally:
         await runner.cleanup()
 

@@ -10,19 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from aiohttp import web
 from structlog.testing import capture_logs
 
 from classifier.tokens import load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.local_stack import serve_app
 
 pytestmark = [
     pytest.mark.vllm,
@@ -55,16 +54,9 @@ async def gateway_url(backends: Any) -> AsyncIterator[str]:
             "upstream": {"scrape_interval_s": 0.5},
         }
     )
-    runner = web.AppRunner(
-        create_app(config, tokens=load_tiktoken_counter()), handler_cancellation=True
-    )
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    site = web.SockSite(runner, sock)
-    await site.start()
+    runner, url = await serve_app(create_app(config, tokens=load_tiktoken_counter()))
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield url
     finally:
         await runner.cleanup()
 

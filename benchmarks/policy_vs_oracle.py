@@ -1,0 +1,178 @@
+"""Does routing by predicted latency pay? The cost model vs static routes vs the oracle.
+
+    .venv/bin/python benchmarks/policy_vs_oracle.py            # ~4 minutes
+    .venv/bin/python benchmarks/policy_vs_oracle.py --smoke    # small counts (CI)
+
+On EMULATED backends (GPU-shaped timing, see gateway/emulator/CALIBRATION.md),
+for each concurrency: the same mixed request set (structured, SQL, code,
+creative, RAG, chat) is sent directly to the baseline and to the speculative
+server (each request's best of the two is the oracle), then through gateways
+running the cost model, the rules, and each static route. Printed: mean e2e of
+each as a ratio to the oracle, from one run. The cost-model gateway starts
+with a deliberately wrong acceptance prior for code (0.2; the emulator's truth
+is 0.75), so code is first routed to the baseline and only exploration can
+find out; its acceptance estimates are printed against the emulator's truth,
+and its latency predictions (x-specroute-predicted) against what was measured
+(MAPE per route).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from classifier.tokens import load_tiktoken_counter  # noqa: E402
+from gateway.app import create_app  # noqa: E402
+from gateway.local_stack import MODEL, gateway_config, local_stack, serve_app  # noqa: E402
+from gateway.state import RUNTIME  # noqa: E402
+from gateway.telemetry import configure_logging  # noqa: E402
+from gateway.workloads import Request, build  # noqa: E402
+
+POLICIES = ("cost-model", "rules", "static-speculative", "static-baseline")
+# The emulator's per-position acceptance for these requests (CALIBRATION.md):
+# structured 0.80, code and SQL 0.75, chat 0.50 pulled toward 0.25 by T^2
+# (T = 0.7 -> 0.3775), creative at T >= 1 -> 0.25, RAG (chat kind, T = 0) 0.50.
+TRUTH = {"structured": 0.80, "code": 0.75, "chat": 0.3775, "creative": 0.25, "long_context": 0.50}
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    e2e_s: float
+    route: str | None
+    predicted_s: float | None  # for the route taken
+
+
+async def send(session: aiohttp.ClientSession, url: str, request: Request) -> Sent:
+    body = {**request.body, "stream": True}
+    started = time.perf_counter()
+    async with session.post(f"{url}{request.path}", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+    route = resp.headers.get("x-specroute-route")
+    predicted = None
+    if route and (header := resp.headers.get("x-specroute-predicted")):
+        predicted = dict(part.split("=") for part in header.split(";")).get(route)
+    return Sent(time.perf_counter() - started, route, float(predicted) if predicted else None)
+
+
+async def closed_loop(url: str, requests: list[Request], concurrency: int) -> list[Sent]:
+    results: list[Sent | None] = [None] * len(requests)
+    next_index = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            nonlocal next_index
+            while next_index < len(requests):
+                i = next_index
+                next_index += 1
+                results[i] = await send(session, url, requests[i])
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return [r for r in results if r is not None]
+
+
+async def main(smoke: bool) -> int:
+    per_workload = 3 if smoke else 16
+    warmup_per_workload = 4 if smoke else 40
+    levels = (1, 8) if smoke else (1, 8, 32)
+    names = ["structured", "sql", "code", "creative", "rag", "chat"]
+    tokens = load_tiktoken_counter()
+    print(
+        "policy vs oracle on EMULATED backends (modelled GPU timing); mean e2e / oracle's, "
+        "one run\n"
+    )
+    print(
+        f"{'concurrency':>11} {'requests':>9} {'oracle s':>9} "
+        + "".join(f"{p:>19}" for p in POLICIES)
+    )
+    rows: dict[int, dict[str, float]] = {}
+    async with local_stack(time_scale=0.25, tokens=tokens) as stack:
+        gateways: dict[str, str] = {}
+        runners = []
+        for policy in POLICIES:
+            routing: dict[str, Any] = {"policy": policy}
+            if policy == "cost-model":
+                routing["cost_model"] = {"acceptance": {"code": 0.2}, "explore_share": 0.05}
+            config = gateway_config(
+                stack.speculative, stack.baseline, stack.emulator, routing=routing
+            )
+            runner, url = await serve_app(create_app(config, tokens=tokens))
+            runners.append(runner)
+            gateways[policy] = url
+        try:
+            warmup = build(names, warmup_per_workload, model=MODEL, seed=1)
+            await closed_loop(gateways["cost-model"], warmup, 4)
+            predictions: list[tuple[str, float, float]] = []
+            for level in levels:
+                requests = build(names, per_workload * max(1, level // 4), model=MODEL, seed=level)
+                base = await closed_loop(stack.baseline, requests, level)
+                spec = await closed_loop(stack.speculative, requests, level)
+                oracle = statistics.fmean(
+                    min(b.e2e_s, s.e2e_s) for b, s in zip(base, spec, strict=True)
+                )
+                row = {}
+                for policy in POLICIES:
+                    sent = await closed_loop(gateways[policy], requests, level)
+                    row[policy] = statistics.fmean(s.e2e_s for s in sent) / oracle
+                    if policy == "cost-model":
+                        predictions += [
+                            (s.route, s.predicted_s, s.e2e_s)
+                            for s in sent
+                            if s.route and s.predicted_s
+                        ]
+                rows[level] = row
+                print(
+                    f"{level:>11} {len(requests):>9} {oracle:>9.3f} "
+                    + "".join(f"{row[p]:>19.3f}" for p in POLICIES),
+                    flush=True,
+                )
+            policy_obj = next(iter(runners)).app[RUNTIME].current.policy
+            estimates = policy_obj.estimated_acceptance()  # type: ignore[attr-defined]
+            explored, decided = policy_obj.explore_counts()  # type: ignore[attr-defined]
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+    print("\ncost model's latency predictions vs measured (MAPE, all levels):")
+    for route in ("speculative", "baseline"):
+        errors = [abs(p - m) / m for r, p, m in predictions if r == route]
+        if errors:
+            print(f"  {route:<12} {statistics.fmean(errors):.1%} over {len(errors)} requests")
+    print(
+        f"\nacceptance a per workload: estimate vs the emulator's truth "
+        f"(code's prior was 0.2; {explored} of {decided} decisions explored)"
+    )
+    worst = 0.0
+    for workload, truth in TRUTH.items():
+        estimate = estimates[next(w for w in estimates if w.value == workload)]
+        worst = max(worst, abs(estimate - truth))
+        print(f"  {workload:<13} {estimate:.3f} vs {truth:.3f}  ({estimate - truth:+.3f})")
+    beats = all(
+        r["cost-model"] < min(r["static-speculative"], r["static-baseline"]) for r in rows.values()
+    )
+    within = all(r["cost-model"] <= 1.10 for r in rows.values())
+    print(
+        f"\ncost model beats both static routes at every level: {beats}; "
+        f"within 10% of the oracle at every level: {within}; worst acceptance error {worst:.3f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    configure_logging("error")
+    sys.exit(asyncio.run(main(args.smoke)))
