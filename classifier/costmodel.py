@@ -78,6 +78,8 @@ class CostModelConfig:
     spec_max_inflight: int = 16  # speculative batch at/above this -> baseline
     spec_max_kv_usage: float = 0.9  # speculative KV cache at/above this -> baseline
     seed: int = 0
+    # Both servers on one GPU (the usual deployment): each one's load slows the other.
+    shared_gpu: bool = True
     latency: LatencyPriors = field(default_factory=LatencyPriors)
     acceptance: AcceptancePriors = field(default_factory=AcceptancePriors)
 
@@ -112,13 +114,22 @@ class Observation:
     predicted_s: float | None  # what the policy predicted for the route taken
 
 
-def send_batch(backend: BackendState, n: int = 1) -> int:
-    """The batch a request joins: the backend's load (ours or its own, the higher) plus it.
+def send_batch(state: LiveState, route: Route, n: int = 1, *, shared_gpu: bool = True) -> int:
+    """The load a request's steps will share: its backend's batch plus it.
 
+    Each backend's load is ours or its own report, the higher. When the two
+    servers share one GPU (the deployment this project is for), a step of one
+    waits for the other's, so the other's load counts too: without it, a
+    baseline fitted while the speculative server was busy looks slow forever.
     The gateway fills Observation.batch with this, from the same snapshot it
     passed to decide, so the model learns on the quantity it predicts with.
     """
-    return max(backend.inflight, backend.running or 0) + max(n, 1)
+    batch = _load(state.of(route)) + max(n, 1)
+    return batch + _load(state.of(route.other)) if shared_gpu else batch
+
+
+def _load(backend: BackendState) -> int:
+    return max(backend.inflight, backend.running or 0)
 
 
 class CostModelPolicy:
@@ -157,12 +168,23 @@ class CostModelPolicy:
         out = self._outputs.predict(f)
         tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
         spec, base = state.speculative, state.baseline
+        shared = self._config.shared_gpu
         return {
             SPEC: self._latency.predict(
-                SPEC, f.prompt_tokens, out, send_batch(spec, f.n), spec.waiting or 0, tps
+                SPEC,
+                f.prompt_tokens,
+                out,
+                send_batch(state, SPEC, f.n, shared_gpu=shared),
+                spec.waiting or 0,
+                tps,
             ),
             BASE: self._latency.predict(
-                BASE, f.prompt_tokens, out, send_batch(base, f.n), base.waiting or 0, 1.0
+                BASE,
+                f.prompt_tokens,
+                out,
+                send_batch(state, BASE, f.n, shared_gpu=shared),
+                base.waiting or 0,
+                1.0,
             ),
         }
 

@@ -34,7 +34,12 @@ from classifier.policy import Route
 __all__ = ["LatencyModel", "LatencyParameters", "LatencyPriors", "RouteFit"]
 
 _N = 5  # t0, p, s0, s1, q
-_BORROW_UNTIL = 20.0  # samples after which a route stands on its own fit
+# A route's own fit counts with weight min(1, recent / _BORROW_WEIGHT); the
+# rest is the other route's fitted scale. `recent` fades by _FADE for each
+# observation of the other route (half-life ~70 observations), so a route with
+# steady traffic stands on its own fit and a starved one leans on the other.
+_BORROW_WEIGHT = 20.0
+_FADE = 0.99
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,7 @@ class RouteFit:
         "_ridge",
         "_solved",
         "rates",
+        "recent",
         "samples",
     )
 
@@ -112,6 +118,9 @@ class RouteFit:
         # Plain floats: the decision path reads these, and numpy scalars are slow.
         self.rates: tuple[float, ...] = tuple(float(v) for v in prior)
         self._solved = self.rates  # this route's own fit, before any borrowing
+        # Own observations, fading as the other route is observed instead: a
+        # route the policy stopped choosing gradually leans on the other again.
+        self.recent = 0.0
 
     def predict(self, prompt_tokens: float, steps: float, batch: float, waiting: float) -> float:
         t0, p, s0, s1, q = self.rates
@@ -130,7 +139,10 @@ class RouteFit:
         stopped choosing keeps its prior forever and the comparison is between
         a fitted number and a guess (exploration alone is too rare to fix it).
         """
-        own = self.samples / (self.samples + weight)
+        own = min(1.0, self.recent / weight)
+        if own >= 1.0:
+            self.rates = self._solved
+            return
         mine, theirs = self.multipliers(), other.multipliers()
         self.rates = tuple(
             float(p) * (own * m + (1.0 - own) * t)
@@ -157,6 +169,7 @@ class RouteFit:
         self._a += np.outer(z, z)
         self._b += z * target
         self.samples = self.samples * self._decay + 1.0
+        self.recent += 1.0
         ridge = self._ridge * np.eye(_N)
         multipliers = np.linalg.solve(self._a + ridge, self._b + self._ridge)
         multipliers = np.clip(multipliers, self._min, self._max)
@@ -233,9 +246,9 @@ class LatencyModel:
         else:
             fit.add((1.0, prompt_tokens, steps, steps * batch, waiting), duration_s)
         other = self._fits[route.other]
+        other.recent *= _FADE
         for thin, rich in ((fit, other), (other, fit)):
-            if thin.samples < _BORROW_UNTIL:
-                thin.borrow(rich, _BORROW_UNTIL)
+            thin.borrow(rich, _BORROW_WEIGHT)
 
     def parameters(self) -> dict[Route, LatencyParameters]:
         return {route: fit.parameters() for route, fit in self._fits.items()}

@@ -43,7 +43,7 @@ def learn(
         Observation(
             route=route,
             features=features,
-            batch=send_batch(state.of(route)),
+            batch=send_batch(state, route, features.n, shared_gpu=policy.config.shared_gpu),
             waiting=exchange.waiting,
             ttft_s=exchange.ttft_s,
             duration_s=exchange.duration_s,

@@ -264,6 +264,7 @@ def report(count: int = 3000, seed: int = 11) -> None:
                 num_speculative_tokens=engine.k,
                 draft_cost_ratio=engine.c,
                 latency=WRONG_LATENCY_PRIORS,
+                shared_gpu=False,  # the simulated engines are independent
             )
         )
         runs: dict[str, list[Served]] = {}

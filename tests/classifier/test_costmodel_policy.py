@@ -133,9 +133,14 @@ def test_unhealthy_fallback() -> None:
 
 
 def test_send_batch() -> None:
-    assert send_batch(BackendState()) == 1
-    assert send_batch(BackendState(inflight=3, running=7), n=2) == 9
-    assert send_batch(BackendState(inflight=5, running=2)) == 6
+    idle = LiveState(BackendState(), BackendState())
+    assert send_batch(idle, Route.SPECULATIVE) == 1
+    busy = LiveState(BackendState(inflight=3, running=7), BackendState(inflight=5, running=2))
+    assert send_batch(busy, Route.SPECULATIVE, n=2, shared_gpu=False) == 9
+    assert send_batch(busy, Route.BASELINE, shared_gpu=False) == 6
+    # one GPU: the other server's load is shared too
+    assert send_batch(busy, Route.SPECULATIVE, n=2) == 9 + 5
+    assert send_batch(busy, Route.BASELINE) == 6 + 7
 
 
 # ---- exploration ---------------------------------------------------------------------

@@ -37,7 +37,10 @@ pytestmark = pytest.mark.slow
 
 
 BASE_CONFIG = CostModelConfig(
-    num_speculative_tokens=ENGINE.k, draft_cost_ratio=ENGINE.c, latency=WRONG_LATENCY_PRIORS
+    num_speculative_tokens=ENGINE.k,
+    draft_cost_ratio=ENGINE.c,
+    latency=WRONG_LATENCY_PRIORS,
+    shared_gpu=False,  # the simulated engines are independent (two GPUs)
 )
 
 
