@@ -22,8 +22,18 @@ from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.errors import error_middleware
 from gateway.outcome_log import OutcomeLog
+from gateway.recorder import Recorder
 from gateway.runtime import Runtime
-from gateway.state import BACKENDS, CONFIG, METRICS, OUTCOME_LOG, RUNTIME, SESSION, TOKENS
+from gateway.state import (
+    BACKENDS,
+    CONFIG,
+    METRICS,
+    OUTCOME_LOG,
+    RECORDER,
+    RUNTIME,
+    SESSION,
+    TOKENS,
+)
 from gateway.telemetry import Metrics
 
 
@@ -48,6 +58,7 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background_tasks)
     app.cleanup_ctx.append(_outcome_log)
+    app.cleanup_ctx.append(_recorder)
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", handlers.models)
@@ -110,3 +121,21 @@ async def _outcome_log(app: web.Application) -> AsyncIterator[None]:
     app[OUTCOME_LOG] = log
     yield
     await asyncio.to_thread(log.close)
+
+
+async def _recorder(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG].record
+    if not config.path:
+        yield
+        return
+    recorder = Recorder(
+        Path(config.path),
+        app[TOKENS],
+        sample_rate=config.sample_rate,
+        redaction=config.redaction,
+        max_bytes=config.max_bytes,
+        backups=config.backups,
+    )
+    app[RECORDER] = recorder
+    yield
+    await asyncio.to_thread(recorder.close)

@@ -1,4 +1,4 @@
-"""`specroute serve | emulate | demo`: the command line."""
+"""`specroute serve | emulate | demo | bench | advise | train`: the command line."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from classifier.policy import Route
+from gateway.advise import add_arguments as add_advise_arguments
+from gateway.bench.cli import add_arguments as add_bench_arguments
 from gateway.config import (
     BackendConfig,
     BackendsConfig,
@@ -49,6 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--concurrency", type=int, default=2)
     demo.add_argument("--time-scale", type=float, default=0.5, help="emulator time scale")
 
+    bench = commands.add_parser(
+        "bench",
+        help="drive a workload at baseline, speculative and gateway side by side; table, JSON, PNG",
+        description="Drive the same requests at every target and compare them paired: "
+        "speedup over the baseline, acceptance, the per-request oracle and the gateway's regret.",
+    )
+    add_bench_arguments(bench)
+    advise = commands.add_parser(
+        "advise",
+        help="from a bench JSON or an outcome log: speculate or not, per workload, and why",
+    )
+    add_advise_arguments(advise)
+
     commands.add_parser(
         "emulate",
         help="run one EMULATED vLLM server (see `specroute emulate --help`)",
@@ -82,6 +97,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.command == "serve":
             return _serve(args)
+        if args.command == "bench":
+            from gateway.bench.cli import main as bench_main
+
+            configure_logging("warning")
+            return bench_main(args, argv[1:])
+        if args.command == "advise":
+            from gateway.advise import main as advise_main
+
+            return advise_main(args)
         if args.command == "train":
             from gateway.train import run
 

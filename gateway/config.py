@@ -110,6 +110,17 @@ class OutcomeLogConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordConfig:
+    """Request recording for `specroute bench --workload FILE --replay-timing`."""
+
+    path: str = ""  # empty: off
+    sample_rate: float = 1.0  # share of requests recorded, in (0, 1]
+    redaction: str = "placeholders"  # placeholders (same token counts) | off (verbatim!)
+    max_bytes: int = 64 * 1024 * 1024
+    backups: int = 3
+
+
+@dataclass(frozen=True, slots=True)
 class AuthConfig:
     # Gateway API keys, never in this file: an environment variable holding
     # comma-separated keys and/or a file with one key per line. Neither set:
@@ -132,6 +143,7 @@ class Config:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     outcome_log: OutcomeLogConfig = field(default_factory=OutcomeLogConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
 
 
@@ -142,6 +154,7 @@ _SET_ELSEWHERE = {
     "routing.cost_model.draft_cost_ratio": "backends.speculative.draft_cost_ratio",
 }
 _LEVELS = ("debug", "info", "warning", "error")
+_REDACTIONS = ("placeholders", "off")
 
 
 def load_config(path: str | Path) -> Config:
@@ -190,6 +203,7 @@ def _check(cfg: Config) -> None:
         "routing.rules.prefill_ratio": cfg.routing.rules.prefill_ratio,
         "routing.rules.spec_max_inflight": cfg.routing.rules.spec_max_inflight,
         "outcome_log.max_bytes": cfg.outcome_log.max_bytes,
+        "record.max_bytes": cfg.record.max_bytes,
         "server.body_read_timeout_s": cfg.server.body_read_timeout_s,
         "server.drain_s": cfg.server.drain_s,
     }
@@ -208,6 +222,12 @@ def _check(cfg: Config) -> None:
         raise ConfigError("config: upstream.retry_budget_ratio must be in [0, 1], _min >= 0")
     if cfg.outcome_log.backups < 0:
         raise ConfigError("config: outcome_log.backups must be >= 0")
+    if not 0.0 < cfg.record.sample_rate <= 1.0:
+        raise ConfigError("config: record.sample_rate must be within (0, 1]")
+    if cfg.record.redaction not in _REDACTIONS:
+        raise ConfigError(f"config: record.redaction must be one of {', '.join(_REDACTIONS)}")
+    if cfg.record.backups < 0:
+        raise ConfigError("config: record.backups must be >= 0")
     if cfg.logging.level not in _LEVELS:
         raise ConfigError(f"config: logging.level must be one of {', '.join(_LEVELS)}")
     for route in Route:

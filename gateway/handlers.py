@@ -22,7 +22,7 @@ from gateway.errors import APIError, error_response
 from gateway.learning import learn, predicted_header
 from gateway.outcome import outcome_record, record_outcome
 from gateway.proxy import Exchange
-from gateway.state import BACKENDS, METRICS, OUTCOME_LOG, RUNTIME, SESSION, TOKENS
+from gateway.state import BACKENDS, METRICS, OUTCOME_LOG, RECORDER, RUNTIME, SESSION, TOKENS
 from gateway.validation import parse_body
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -66,6 +66,8 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             default_output_tokens=config.routing.default_output_tokens,
             long_prompt_tokens=config.routing.long_prompt_tokens,
         )
+        if (recorder := app.get(RECORDER)) is not None:
+            recorder.offer(body, endpoint.value, started, features.workload.value)
         state = app[BACKENDS].live_state()
         decision = _override(request, config) or snapshot.policy.decide(features, state)
         raw, strip_usage = _ask_for_usage(body, raw)

@@ -2,8 +2,12 @@
 
 Every request is streamed with usage included, as vLLM's own benchmark does:
 time to first token is the first chunk carrying text, the token count comes
-from the final usage chunk, and the gateway's route headers are kept when the
-target is the gateway.
+from the final usage chunk, and so do vLLM's per-request speculative metrics
+(`metrics.speculative_decoding`, when the server was started with
+--per-request-spec-decode-metrics), which is how the bench measures acceptance
+per request. The gateway's route headers are kept when the target is the
+gateway. Each Result carries its request's index, so runs of the same request
+list against different targets can be paired request by request.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +36,9 @@ class Result:
     route: str | None  # x-specroute-route, when the target is the gateway
     reason: str | None
     error: str | None = None
+    index: int = -1  # position in the request list that was sent
+    spec_drafted: int | None = None  # per-request metrics: draft tokens proposed...
+    spec_accepted: int | None = None  # ...and accepted (speculative server only)
 
     @property
     def tpot_s(self) -> float | None:
@@ -41,65 +48,61 @@ class Result:
         return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1)
 
 
-async def send_one(session: aiohttp.ClientSession, base_url: str, request: Request) -> Result:
+OnDone = Callable[[Result], None]
+
+
+async def send_one(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    request: Request,
+    index: int = -1,
+    headers: Mapping[str, str] | None = None,
+) -> Result:
     body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     ttft = None
+    route = reason = None
     usage: dict[str, Any] = {}
+    spec: dict[str, Any] = {}
+
+    def failed(status: int, error: str) -> Result:
+        return Result(
+            request.workload,
+            False,
+            status,
+            time.perf_counter() - started,
+            ttft,
+            None,
+            None,
+            route,
+            reason,
+            error,
+            index,
+        )
+
     try:
-        async with session.post(f"{base_url}{request.path}", json=body) as resp:
-            route, reason = (
-                resp.headers.get("x-specroute-route"),
-                resp.headers.get("x-specroute-reason"),
-            )
+        async with session.post(f"{base_url}{request.path}", json=body, headers=headers) as resp:
+            route = resp.headers.get("x-specroute-route")
+            reason = resp.headers.get("x-specroute-reason")
             if resp.status != 200:
-                text = (await resp.read())[:200].decode(errors="replace")
-                return Result(
-                    request.workload,
-                    False,
-                    resp.status,
-                    time.perf_counter() - started,
-                    None,
-                    None,
-                    None,
-                    route,
-                    reason,
-                    text,
-                )
+                return failed(resp.status, (await resp.read())[:200].decode(errors="replace"))
             async for line in resp.content:
                 if not line.startswith(b"data: {"):
                     continue
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
-                    return Result(
-                        request.workload,
-                        False,
-                        200,
-                        time.perf_counter() - started,
-                        ttft,
-                        None,
-                        None,
-                        route,
-                        reason,
-                        str(chunk["error"]),
-                    )
+                    return failed(200, str(chunk["error"]))
                 if ttft is None and _has_text(chunk):
                     ttft = time.perf_counter() - started
                 if isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return Result(
-            request.workload,
-            False,
-            0,
-            time.perf_counter() - started,
-            None,
-            None,
-            None,
-            None,
-            None,
-            f"{type(exc).__name__}: {exc}",
-        )
+                metrics = chunk.get("metrics")
+                if isinstance(metrics, dict) and isinstance(
+                    metrics.get("speculative_decoding"), dict
+                ):
+                    spec = metrics["speculative_decoding"]
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return failed(0, f"{type(exc).__name__}: {exc}")
     return Result(
         request.workload,
         True,
@@ -110,7 +113,15 @@ async def send_one(session: aiohttp.ClientSession, base_url: str, request: Reque
         usage.get("completion_tokens"),
         route,
         reason,
+        None,
+        index,
+        _int(spec.get("num_draft_tokens")),
+        _int(spec.get("num_accepted_draft_tokens")),
     )
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _has_text(chunk: dict[str, Any]) -> bool:
@@ -126,9 +137,15 @@ async def run_closed_loop(
     base_url: str,
     requests: Sequence[Request],
     concurrency: int,
-    on_done: Callable[[Result], None] | None = None,
+    on_done: OnDone | None = None,
+    *,
+    deadline: float | None = None,
 ) -> list[Result]:
-    """Keep `concurrency` requests in flight until all are done; results in request order."""
+    """Keep `concurrency` requests in flight until all are done; results in request order.
+
+    With a `deadline` (time.perf_counter() value) no request starts after it,
+    so the list may be a prefix of `requests` (in index order, gaps possible).
+    """
     results: list[Result | None] = [None] * len(requests)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(requests)):
@@ -136,13 +153,46 @@ async def run_closed_loop(
 
     async def worker() -> None:
         while not queue.empty():
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
             i = queue.get_nowait()
-            results[i] = await send_one(session, base_url, requests[i])
+            result = await send_one(session, base_url, requests[i], i)
+            results[i] = result
             if on_done is not None:
-                on_done(results[i])  # type: ignore[arg-type]
+                on_done(result)
 
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
     return [r for r in results if r is not None]
+
+
+async def run_open_loop(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    requests: Sequence[Request],
+    offsets_s: Sequence[float],
+    on_done: OnDone | None = None,
+    *,
+    deadline: float | None = None,
+) -> list[Result]:
+    """Send request i at `offsets_s[i]` seconds after the start, whatever is in flight.
+
+    Open loop, as a real client population behaves (Poisson arrivals, replayed
+    traffic): a slow target builds a queue instead of slowing the senders.
+    """
+    started = time.perf_counter()
+
+    async def one(i: int) -> Result | None:
+        due = started + offsets_s[i]
+        if deadline is not None and due >= deadline:
+            return None
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        result = await send_one(session, base_url, requests[i], i)
+        if on_done is not None:
+            on_done(result)
+        return result
+
+    done = await asyncio.gather(*(one(i) for i in range(len(requests))))
+    return [r for r in done if r is not None]
 
 
 async def scrape_spec_counters(

@@ -78,6 +78,7 @@ def restart_only_changes(old: Config, new: Config) -> list[str]:
     checks = {
         "backends": (old.backends, new.backends),
         "outcome_log": (old.outcome_log, new.outcome_log),
+        "record": (old.record, new.record),
         "server.host/port/max_body_bytes": (
             (old.server.host, old.server.port, old.server.max_body_bytes),
             (new.server.host, new.server.port, new.server.max_body_bytes),

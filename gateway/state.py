@@ -9,6 +9,7 @@ from classifier.tokens import TokenCounter
 from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.outcome_log import OutcomeLog
+from gateway.recorder import Recorder
 from gateway.runtime import Runtime
 from gateway.telemetry import Metrics
 
@@ -19,3 +20,4 @@ RUNTIME = web.AppKey("runtime", Runtime)  # the reloadable part: config, policy,
 TOKENS = web.AppKey("tokens", TokenCounter)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 OUTCOME_LOG = web.AppKey("outcome_log", OutcomeLog)  # only set when configured
+RECORDER = web.AppKey("recorder", Recorder)  # only set when [record] path is configured

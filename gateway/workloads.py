@@ -29,6 +29,7 @@ class Request:
     workload: str
     endpoint: str  # "chat" or "completions"
     body: dict[str, Any]
+    at_s: float | None = None  # arrival offset in a recording (replay timing); None if built
 
     @property
     def path(self) -> str:

@@ -1,0 +1,234 @@
+"""`specroute advise INPUT`: should this traffic be speculated? Per workload, with reasons.
+
+INPUT is a `specroute bench --json` document or the gateway's outcome log
+(JSONL, rotated files may be given together). It prints per workload and
+overall: share of traffic, measured acceptance, speedup at the observed
+concurrency, the prefill share of each request's time, and a plain verdict;
+then the talk's checklist answered from the data, and what the speculative
+server's memory costs: draft weights and KV, read from the backends'
+vllm:cache_config_info where they expose it (a bench records it; --spec-url /
+--base-url read it live), else from --draft-gb / --draft-kv-gb, and it says
+which. The analysis itself is gateway/bench/advice.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.advice import Facts, from_bench, from_outcomes
+
+GIB = 1024**3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", type=Path, nargs="+", help="bench JSON, or outcome log JSONL file(s)")
+    p.add_argument(
+        "--concurrency", type=int, help="bench input: judge at this load (default: the lowest)"
+    )
+    p.add_argument("--draft-gb", type=float, help="the draft model's weights, GiB")
+    p.add_argument("--draft-kv-gb", type=float, help="the draft's KV cache, GiB")
+    p.add_argument(
+        "--spec-url", help="read the speculative server's cache config from its /metrics"
+    )
+    p.add_argument("--base-url", help="read the baseline server's cache config from its /metrics")
+    p.add_argument("--k", type=int, default=4, help="outcome log: num_speculative_tokens")
+    p.add_argument("--c", type=float, default=0.1, help="outcome log: draft cost ratio")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        kind, data = load(args.input)
+        if kind == "bench":
+            per, overall = from_bench(data, f"c={args.concurrency}" if args.concurrency else None)
+            source = f"bench {args.input[0]}"
+            emulated = bool(data.get("emulated"))
+            targets = data.get("targets", {})
+            caches = {
+                n: (targets.get(n) or {}).get("cache_config") for n in ("speculative", "baseline")
+            }
+            kv_peak = max((r.get("spec_kv_peak") or 0.0 for r in data["overall"]), default=None)
+            regret = data.get("regret")
+        else:
+            per, overall = from_outcomes(data, args.k, args.c)
+            source = f"outcome log {', '.join(map(str, args.input))} ({len(data)} records)"
+            emulated, caches, kv_peak, regret = False, {}, None, None
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"specroute advise: {exc}", file=sys.stderr)
+        return 2
+    live = (
+        asyncio.run(_live(args.spec_url, args.base_url)) if args.spec_url or args.base_url else {}
+    )
+    caches = {**caches, **{k: v for k, v in live.items() if v}}
+    print(render(source, emulated, per, overall, regret, kv_peak, caches, args))
+    return 0
+
+
+def load(paths: list[Path]) -> tuple[str, Any]:
+    """("bench", document) or ("outcomes", records)."""
+    first = paths[0].read_text()
+    try:
+        doc = json.loads(first)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("specroute-bench/"):
+        return "bench", doc
+    records = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "route" in record:
+                records.append(record)
+    if not records:
+        raise ValueError(f"{paths[0]}: neither a bench JSON nor an outcome log")
+    return "outcomes", records
+
+
+async def _live(spec_url: str | None, base_url: str | None) -> dict[str, dict[str, str] | None]:
+    import aiohttp
+
+    from gateway.bench.targets import cache_config
+
+    out: dict[str, dict[str, str] | None] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        for name, url in (("speculative", spec_url), ("baseline", base_url)):
+            if not url:
+                continue
+            try:
+                async with session.get(f"{url.rstrip('/')}/metrics") as resp:
+                    out[name] = cache_config(await resp.text())
+            except (aiohttp.ClientError, TimeoutError):
+                out[name] = None
+    return out
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def render(
+    source: str,
+    emulated: bool,
+    per: list[Facts],
+    overall: Facts,
+    regret: float | None,
+    kv_peak: float | None,
+    caches: dict[str, dict[str, str] | None],
+    args: argparse.Namespace,
+) -> str:
+    mark = " (EMULATED backends: not real GPU figures)" if emulated else ""
+    loads = [label for label, _ in overall.speedups]
+    lines = [
+        f"specroute advise: {source}{mark}",
+        f"speedup of the speculative server: {overall.speedup_source}; "
+        f"verdicts at {overall.at_label}",
+        "",
+        f"{'workload':<13}{'share':>6}{'accept':>8}  {'speedup ' + ' '.join(loads):<24}"
+        f"{'prefill':>8}  verdict",
+    ]
+    for f in [*per, overall]:
+        speed = " ".join("-" if s is None else f"{s:.2f}x" for _, s in f.speedups)
+        accept = "-" if f.acceptance is None else f"{f.acceptance:.2f}"
+        verdict = f.verdict if f is not overall else overall_verdict(per, overall, regret)
+        lines.append(
+            f"{f.workload:<13}{f.share:>6.0%}{accept:>8}  {speed:<24}{_pct(f.prefill_share):>8}"
+            f"  {verdict}"
+        )
+    lines += ["", "the checklist, from the data:", *checklist(per, overall, kv_peak)]
+    lines += ["", "memory the speculative server costs:", *memory(caches, args, emulated)]
+    return "\n".join(lines)
+
+
+def overall_verdict(per: list[Facts], overall: Facts, regret: float | None) -> str:
+    gaining = [f for f in per if f.speculate]
+    share = sum(f.share for f in gaining)
+    all_spec = "-" if overall.speedup is None else f"{overall.speedup:.2f}x"
+    tail = f"; speculating everything: {all_spec}"
+    if overall.gateway_speedup is not None:
+        tail += f", the gateway: {overall.gateway_speedup:.2f}x"
+    if regret is not None:
+        tail += f" (regret vs the per-request oracle {regret:.3f})"
+    if gaining and len(gaining) == len(per):
+        return f"SPECULATE everything: every workload gains{tail}"
+    if not gaining:
+        return f"DON'T speculate: no workload gains enough{tail}"
+    names = ", ".join(f.workload for f in gaining)
+    return f"ROUTE PER REQUEST: {names} gain ({share:.0%} of traffic){tail}"
+
+
+def checklist(per: list[Facts], overall: Facts, kv_peak: float | None) -> list[str]:
+    structured = [f for f in per if f.structured]
+    codeish = [f for f in per if f.workload in ("code", "sql")]
+    prefill_bound = [f.workload for f in per if (f.prefill_share or 0.0) >= 0.5]
+    gaining = [f for f in per if f.speculate]
+    answer = f"{'yes' if structured else 'no'}: {sum(f.share for f in structured):.0%} of traffic"
+    if codeish:
+        answer += f"; code/SQL {sum(f.share for f in codeish):.0%}"
+    at = overall.at_label
+    held = []
+    for f in gaining:
+        last = [(label, s) for label, s in f.speedups if s is not None][-1]
+        if last[0] != at:
+            held.append(f"{f.workload} {last[1]:.2f}x at {last[0]}")
+    batches = f"judged at {at}" + (f"; at the highest load: {', '.join(held)}" if held else "")
+    if overall.concurrency is not None and overall.concurrency > 16:
+        batches = f"NO, {batches}"
+    spare = (
+        "unknown: no KV-cache usage measured"
+        if kv_peak is None
+        else f"{'yes' if kv_peak < 0.8 else 'NO'}: the speculative server's KV cache peaked at "
+        f"{kv_peak:.0%}"
+    )
+    short = (
+        f"no for {', '.join(prefill_bound)} (prefill is half the time or more)"
+        if prefill_bound
+        else "yes: prefill is under half of every workload's time"
+    )
+    return [
+        f"  structured output?  {answer}",
+        f"  small batches?      {batches}",
+        f"  short context?      {short}",
+        f"  spare memory?       {spare}",
+    ]
+
+
+def memory(
+    caches: dict[str, dict[str, str] | None], args: argparse.Namespace, emulated: bool
+) -> list[str]:
+    out = []
+    if args.draft_gb is not None:
+        out.append(f"  draft weights   {args.draft_gb:g} GiB (from --draft-gb)")
+    else:
+        out.append(
+            "  draft weights   unknown: vLLM does not report its draft model; pass --draft-gb"
+        )
+    if args.draft_kv_gb is not None:
+        out.append(f"  draft KV cache  {args.draft_kv_gb:g} GiB (from --draft-kv-gb)")
+    for name in ("speculative", "baseline"):
+        cache = caches.get(name)
+        if cache:
+            size = cache.get("kv_cache_memory_bytes")
+            gib = f"{int(size) / GIB:.1f} GiB" if size and size.isdigit() else "? GiB"
+            out.append(
+                f"  {name} KV cache {gib} = {cache.get('kv_cache_size_tokens', '?')} tokens at "
+                f"gpu_memory_utilization {cache.get('gpu_memory_utilization', '?')} "
+                "(from vllm:cache_config_info)"
+            )
+    spec, base = caches.get("speculative"), caches.get("baseline")
+    if spec and base and spec.get("kv_cache_size_tokens", "").isdigit():
+        fewer = int(base.get("kv_cache_size_tokens", "0") or 0) - int(spec["kv_cache_size_tokens"])
+        out.append(f"  -> the speculative server holds {fewer} fewer KV tokens than the baseline")
+    if not spec and args.draft_kv_gb is None:
+        why = "the emulator exposes none" if emulated else "no vllm:cache_config_info read"
+        out.append(f"  KV cache        unknown: {why}; pass --spec-url or --draft-kv-gb")
+    if args.draft_gb is not None or args.draft_kv_gb is not None:
+        total = (args.draft_gb or 0.0) + (args.draft_kv_gb or 0.0)
+        out.append(f"  total extra     {total:g} GiB (draft weights + draft KV, from the flags)")
+    return out

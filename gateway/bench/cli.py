@@ -1,0 +1,158 @@
+"""`specroute bench` flags -> BenchOptions, and the run (optionally on an emulated stack).
+
+    specroute bench --target baseline=URL --target speculative=URL --target gateway=URL
+        [--workload mixed|demo|NAME[,NAME...]|FILE.jsonl]
+        [--concurrency 1,4,16 | --rate 2,8 | --replay-timing [--time-scale X]]
+        [--requests N] [--duration S] [--json OUT.json] [--plot OUT.png]
+    specroute bench --emulate ...      # the three targets on EMULATED backends, in-process
+
+The target names baseline, speculative and gateway carry meaning (speedups
+are against "baseline", acceptance is read from "speculative", the oracle and
+regret need all three); any other name is benched and compared to the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from gateway.bench import BenchOptions, BenchOutcome, run_bench
+from gateway.bench.plan import builtin_names, is_file, parse_list
+from gateway.config import ConfigError, normalize_backend_url
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an OpenAI-compatible server (repeat): baseline=, speculative=, gateway=, ...",
+    )
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="bench two EMULATED vLLM servers and a gateway started in-process",
+    )
+    p.add_argument(
+        "--emulator-time-scale", type=float, default=1.0, help="with --emulate: time scale"
+    )
+    p.add_argument(
+        "--workload",
+        default="mixed",
+        help="mixed, demo, built-in names (structured,sql,code,creative,rag,chat) or a "
+        "JSONL of request bodies / recorded requests (default: mixed)",
+    )
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", help="closed loop: requests in flight, e.g. 1,4,16,64")
+    load.add_argument("--rate", help="open loop: Poisson arrivals, requests/s, e.g. 2,8")
+    load.add_argument(
+        "--replay-timing",
+        action="store_true",
+        help="open loop at the recording's own arrival times (JSONL from [record])",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="with --replay-timing: multiply the recorded gaps (0.5 = twice the rate)",
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        help="requests per cell and target (default: max(8, 2 x concurrency); 16 at a "
+        "rate; the whole file for a JSONL)",
+    )
+    p.add_argument("--duration", type=float, help="seconds per cell and target (instead)")
+    p.add_argument("--model", help="model name to send (default: what /v1/models serves)")
+    p.add_argument("--seed", type=int, default=0, help="workload bodies and arrival times")
+    p.add_argument("--json", type=Path, help="write the results as JSON here")
+    p.add_argument("--plot", type=Path, help="write a PNG summary here (needs matplotlib)")
+    p.add_argument(
+        "--spec-metrics",
+        metavar="URL",
+        help="speculative server whose /metrics counters to read (default: the speculative target)",
+    )
+    p.add_argument(
+        "--read-timeout", type=float, default=600.0, help="longest silence within one answer"
+    )
+
+
+def options(args: argparse.Namespace, argv: list[str]) -> BenchOptions:
+    targets: dict[str, str] = {}
+    for item in args.target:
+        name, sep, url = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--target {item!r}: expected NAME=URL")
+        if name.strip() in targets:
+            raise ConfigError(f"--target {name}: given twice")
+        targets[name.strip()] = normalize_backend_url(url.strip(), f"--target {name}")
+    if not targets and not args.emulate:
+        raise ConfigError("bench: give --target NAME=URL (repeatable) or --emulate")
+    if not is_file(args.workload):
+        try:
+            builtin_names(args.workload)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if args.replay_timing and not is_file(args.workload):
+        raise ConfigError("--replay-timing needs --workload FILE.jsonl (recorded requests)")
+    if args.requests is not None and args.requests < 1:
+        raise ConfigError("--requests must be >= 1")
+    if (args.duration is not None and args.duration <= 0) or args.time_scale <= 0:
+        raise ConfigError("--duration and --time-scale must be > 0")
+    try:
+        concurrency = [int(c) for c in parse_list(args.concurrency or "1", int, "--concurrency")]
+        rates = parse_list(args.rate, float, "--rate") if args.rate else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return BenchOptions(
+        targets=targets,
+        workload=args.workload,
+        concurrency=concurrency,
+        rates=rates,
+        replay_timing=args.replay_timing,
+        time_scale=args.time_scale,
+        requests=args.requests,
+        duration_s=args.duration,
+        model=args.model,
+        seed=args.seed,
+        json_path=args.json,
+        plot_path=args.plot,
+        spec_metrics_url=normalize_backend_url(args.spec_metrics) if args.spec_metrics else None,
+        read_timeout_s=args.read_timeout,
+        command=["specroute", "bench", *argv],
+    )
+
+
+def main(args: argparse.Namespace, argv: list[str]) -> int:
+    """Exit status: 0; 1 if any request failed; 3 if the plot could not be drawn; 130 on ^C."""
+    opts = options(args, argv)
+    try:
+        outcome = asyncio.run(_run(opts, args.emulate, args.emulator_time_scale))
+    except KeyboardInterrupt:
+        print("specroute bench: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError) as exc:  # an unreadable or malformed --workload file
+        print(f"specroute bench: {exc}", file=sys.stderr)
+        return 2
+    if outcome.failures:
+        return 1
+    return 3 if outcome.plot_error else 0
+
+
+async def _run(opts: BenchOptions, emulate: bool, time_scale: float) -> BenchOutcome:
+    if not emulate:
+        return await run_bench(opts)
+    from dataclasses import replace
+
+    from gateway.local_stack import local_stack
+
+    async with local_stack(time_scale=time_scale) as stack:
+        targets = {
+            "baseline": stack.baseline,
+            "speculative": stack.speculative,
+            "gateway": stack.gateway,
+        }
+        return await run_bench(replace(opts, targets={**targets, **opts.targets}))

@@ -1,0 +1,180 @@
+"""The bench as one picture: where speculation pays, why, and how load changes it.
+
+Four panels, read left to right, top to bottom:
+1. speedup over the baseline per workload (bars per target and load; the
+   dashed line at 1.0 is "no gain"): the answer;
+2. draft acceptance per workload and load: the reason;
+3. e2e latency vs load per target (mean, p95 dotted): where the answer flips;
+4. time per output token vs load per target: decode speed, what speculation
+   actually changes.
+An EMULATED run says so in red across the top. matplotlib is an optional
+dependency (the `bench` extra): without it, PlotUnavailable says how to get it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+COLORS = {"baseline": "#8c8c8c", "speculative": "#e07b39", "gateway": "#2a9d8f"}
+_EXTRA = ("#6a4c93", "#1982c4", "#c0392b")
+_LOAD_ALPHA = (1.0, 0.55, 0.35, 0.22)
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is missing."""
+
+
+def _color(name: str, names: list[str]) -> str:
+    return COLORS.get(name) or _EXTRA[names.index(name) % len(_EXTRA)]
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotUnavailable(
+            f"--plot needs matplotlib: pip install 'specroute[bench]' ({exc})"
+        ) from None
+    names = list(doc["targets"])
+    loads = [r["load"] for r in doc["overall"]]
+    workloads = list(dict.fromkeys(r["workload"] for r in doc["rows"]))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), dpi=110)
+    _speedup(axes[0][0], doc, names, loads, workloads)
+    _acceptance(axes[0][1], doc, loads, workloads)
+    _vs_load(axes[1][0], doc, names, loads, "e2e_mean_s", "e2e_p95_s", "e2e latency (s)")
+    _vs_load(axes[1][1], doc, names, loads, "tpot_p50_s", None, "time per output token (ms)")
+    title = f"specroute bench: workload {Path(doc['workload']).name}"
+    if doc.get("regret") is not None:
+        title += f"   |   gateway regret vs per-request oracle: {doc['regret']:.3f}"
+    fig.suptitle(title, fontsize=13, fontweight="bold", y=0.985)
+    model = next((t["model"] for t in doc["targets"].values() if t.get("model")), "?")
+    if doc["emulated"]:
+        fig.text(
+            0.5,
+            0.945,
+            "EMULATED backends: modelled GPU timing, no model runs. Not real measurements.",
+            ha="center",
+            color="#c0392b",
+            fontsize=11,
+            fontweight="bold",
+        )
+    fig.text(0.01, 0.008, f"model {model}; started {doc['started']}", fontsize=8, color="#666")
+    fig.tight_layout(rect=(0, 0.02, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _rows(doc: dict[str, Any], label: str) -> dict[str, dict[str, Any]]:
+    return {r["workload"]: r for r in doc["rows"] if r["load"]["label"] == label}
+
+
+def _bars(
+    ax: Any, groups: list[str], series: list[tuple[str, str, float, list[float | None]]]
+) -> None:
+    """Grouped bars: series = (label, color, alpha, one value per group), labelled on top."""
+    width = 0.8 / max(1, len(series))
+    crowded = len(series) > 2
+    for i, (label, color, alpha, values) in enumerate(series):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ys = [v if v is not None else 0.0 for v in values]
+        bars = ax.bar(xs, ys, width * 0.92, label=label, color=color, alpha=alpha)
+        for bar, v in zip(bars, values, strict=True):
+            if v is not None and len(series) <= 8:
+                ax.annotate(
+                    f"{v:.2f}",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=6.5 if crowded else 8,
+                    rotation=90 if crowded else 0,
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                )
+    ax.set_xticks(range(len(groups)), groups, rotation=0, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def _speedup(
+    ax: Any, doc: dict[str, Any], names: list[str], loads: list[Any], wl: list[str]
+) -> None:
+    series = []
+    for name in (n for n in names if n != "baseline"):
+        for j, load in enumerate(loads):
+            rows = _rows(doc, load["label"])
+            values = [rows.get(w, {}).get("speedup", {}).get(name) for w in wl]
+            series.append(
+                (f"{name} {load['label']}", _color(name, names), _LOAD_ALPHA[j % 4], values)
+            )
+    _bars(ax, wl, series)
+    top = max([v for *_, vs in series for v in vs if v is not None] + [1.2]) * 1.35
+    ax.set_ylim(0, top)
+    ax.axhspan(0, 1.0, color="#c0392b", alpha=0.06, zorder=0)
+    ax.axhspan(1.0, top, color="#2a9d8f", alpha=0.06, zorder=0)
+    ax.axhline(1.0, color="#333", linestyle="--", linewidth=1)
+    ax.set_title("speedup over baseline (paired mean e2e; red = slower)", fontsize=11)
+    ax.set_ylabel("x baseline")
+    ax.legend(fontsize=8, ncol=2, loc="upper right")
+
+
+def _acceptance(ax: Any, doc: dict[str, Any], loads: list[Any], wl: list[str]) -> None:
+    series = []
+    for j, load in enumerate(loads):
+        rows = _rows(doc, load["label"])
+        values = []
+        for w in wl:
+            acc = rows.get(w, {}).get("acceptance", {})
+            values.append(
+                acc.get("counters") if acc.get("counters") is not None else acc.get("per_request")
+            )
+        series.append((load["label"], COLORS["speculative"], _LOAD_ALPHA[j % 4], values))
+    _bars(ax, wl, series)
+    ax.set_ylim(0, 1.05)
+    ax.set_title("draft acceptance (accepted / proposed tokens)", fontsize=11)
+    ax.set_ylabel("acceptance")
+    ax.legend(fontsize=8, loc="upper right")
+
+
+def _vs_load(
+    ax: Any,
+    doc: dict[str, Any],
+    names: list[str],
+    loads: list[Any],
+    p50: str,
+    p95: str | None,
+    ylabel: str,
+) -> None:
+    scale = 1000.0 if "ms" in ylabel else 1.0
+    xs = [load["value"] for load in loads]
+    kind = loads[0]["kind"] if loads else "concurrency"
+    for name in names:
+        stats = [r["targets"].get(name, {}) for r in doc["overall"]]
+        ys = [s.get(p50) * scale if s.get(p50) is not None else None for s in stats]
+        what = "mean" if "mean" in p50 else "p50"
+        ax.plot(xs, ys, marker="o", color=_color(name, names), label=f"{name} {what}", lw=2)
+        if p95 is not None:
+            ys95 = [s.get(p95) * scale if s.get(p95) is not None else None for s in stats]
+            ax.plot(xs, ys95, linestyle=":", marker=".", color=_color(name, names), alpha=0.7)
+    if p95 is not None:
+        ax.plot([], [], linestyle=":", marker=".", color="#555", label="p95 (dotted)")
+    if kind != "replay" and len(xs) > 1 and max(xs) / min(xs) >= 4:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [load["label"] for load in loads], fontsize=9)
+    ax.set_xlabel(
+        {"concurrency": "requests in flight", "rate": "arrival rate (req/s)"}.get(kind, "replay")
+    )
+    values = [y for line in ax.get_lines() for y in line.get_ydata() if y is not None and y > 0]
+    if values and max(values) / min(values) > 8:  # a long tail would flatten the means
+        ax.set_yscale("log")
+        ylabel += ", log scale"
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{ylabel.split(' (')[0]} vs load, all workloads", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)

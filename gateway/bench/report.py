@@ -1,0 +1,156 @@
+"""The bench's two outputs: the JSON document (for machines) and the table (for people).
+
+JSON schema ("schema": "specroute-bench/1"), everything a later `advise` needs:
+
+    {
+      "schema": "specroute-bench/1",
+      "emulated": bool,            # any target is, or sits in front of, the emulator
+      "started": ISO-8601 UTC, "duration_s": float, "complete": bool (false: interrupted),
+      "command": [argv...],
+      "workload": str,             # --workload as given (a mix, names, or a JSONL path)
+      "mode": "concurrency" | "rate" | "replay",
+      "concurrency": [int] | null, "rates": [float] | null, "time_scale": float | null,
+      "requests_per_cell": int | null, "duration_per_cell_s": float | null, "seed": int,
+      "targets": {NAME: {"name", "url", "model", "kind", "emulated", "version",
+                         "cache_config": {vllm:cache_config_info labels} | null, "problems"}},
+      "rows": [ROW...],            # one per (load, workload)
+      "overall": [ROW...],         # one per load, workload "all"
+      "regret": float | null,      # gateway / oracle mean e2e over the whole run
+      "cells": [{"load": LOAD, "group": str, "spec_kv_peak": float | null,
+                 "runs": {NAME: {"wall_s", "counter_acceptance": ACC | null,
+                                 "results": [{"index", "workload", "ok", "status", "e2e_s",
+                                              "ttft_s", "prompt_tokens", "completion_tokens",
+                                              "route"?, "reason"?, "spec_drafted"?,
+                                              "spec_accepted"?, "error"?}]}}}]
+    }
+    LOAD = {"kind": "concurrency" | "rate" | "replay", "value": float, "label": str}
+    ACC  = {"rate": accepted/proposed, "mean_length": tokens per verify step, "draft_tokens"}
+    ROW  = {"load": LOAD, "workload": str, "share": float,
+            "targets": {NAME: {"n", "ok", "errors", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
+                               "e2e_p50_s", "e2e_p95_s", "e2e_mean_s", "output_tokens_per_s",
+                               "requests_per_s", "prompt_tokens_mean", "prefill_share",
+                               "acceptance_per_request", "routes": {route: n} | null}},
+            "acceptance": {"counters", "per_request", "gateway_counters"},  # floats or null
+            "spec_kv_peak": float | null,
+            "speedup": {NAME: baseline/NAME mean e2e, paired}, "speedup_geomean": {...},
+            "oracle_e2e_mean_s": float | null, "regret": float | null,
+            "oracle_agreement": share of gateway routes that were the faster one | null}
+
+Definitions: gateway/bench/stats.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.bench.stats import BASE, GATEWAY, SPEC
+
+SCHEMA = "specroute-bench/1"
+EMULATED_NOTE = (
+    "EMULATED backends (specroute's emulated vLLM: vLLM's API and metrics, modelled "
+    "GPU timing, no model runs): these figures are NOT real GPU measurements"
+)
+
+
+def header(doc: dict[str, Any]) -> str:
+    lines = [
+        f"specroute bench: {EMULATED_NOTE}" if doc["emulated"] else "specroute bench",
+        "targets:",
+    ]
+    for info in doc["targets"].values():
+        kind = info["kind"].upper() if info["emulated"] else info["kind"]
+        if info["kind"] == "specroute gateway":
+            kind += " (over EMULATED backends)" if info["emulated"] else ""
+        extra = [f"model {info['model'] or '?'}"]
+        if info.get("version"):
+            extra.append(f"version {info['version']}")
+        extra += info.get("problems") or []
+        lines.append(f"  {info['name']:<12} {info['url']:<28} {kind}; {', '.join(extra)}")
+    loads = ", ".join(r["load"]["label"] for r in doc["overall"]) or "-"
+    sent = ", ".join(
+        f"{r['load']['label']}: {next(iter(r['targets'].values()))['n']}" for r in doc["overall"]
+    )
+    count = f"requests per target {sent}"
+    if doc["duration_per_cell_s"]:
+        count = f"{doc['duration_per_cell_s']:g} s per cell and target ({count})"
+    lines.append(f"workload {doc['workload']}; loads {loads}; {count}")
+    return "\n".join(lines)
+
+
+W = 6  # width of one target's column
+
+
+def _f(value: float | None, fmt: str, width: int = W, scale: float = 1.0) -> str:
+    """Right-aligned in `width` with a space before it: fewer decimals if it would not fit."""
+    if value is None:
+        return f"{'-':>{width}}"
+    decimals = int(fmt[1]) if fmt[1:2].isdigit() else 0
+    for d in range(decimals, -1, -1):
+        text = f"{value * scale:.{d}f}"
+        if len(text) < width:
+            break
+    return f"{text:>{width}}"
+
+
+def _x(value: float | None, width: int = 7) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width - 1}.2f}x"
+
+
+def table(doc: dict[str, Any]) -> str:
+    """Per load: one line per workload and an `all` line; the paired figures at the right."""
+    names = list(doc["targets"])
+    short = {BASE: "base", SPEC: "spec", GATEWAY: "gw"}
+    others = [n for n in names if n != BASE]
+    cols = "".join(f"{short.get(n, n[:5]):>{W}}" for n in names)
+    span = W * len(names)
+    first = (
+        f"{'':<17} {'e2e p50 (s)':^{span}} {'TTFT p50 (ms)':^{span}} "
+        f"{'TPOT p50 (ms)':^{span}} {'out tok/s':^{span}} {'accept':^11} "
+        f"{'speedup':^{7 * len(others)}} {'regret':>6}  gw routes"
+    )
+    second = (
+        f"{'workload':<13}{'n':>4} {cols} {cols} {cols} {cols} {'ctr':>5} {'req':>5} "
+        + "".join(f"{short.get(n, n[:5]):>7}" for n in others)
+        + f" {'':>6}  {'spec/base'}"
+    )
+    out = []
+    for overall in doc["overall"]:
+        label = overall["load"]["label"]
+        rows = [r for r in doc["rows"] if r["load"]["label"] == label]
+        out += ["", f"== {label} ==", first, second]
+        out += [_line(row, names, others) for row in rows]
+        out.append(_line(overall, names, others))
+    out.append("")
+    out.append(
+        "speedup = baseline mean e2e / target mean e2e, paired per request; accept = "
+        "accepted/proposed draft tokens (ctr: vLLM counters, req: per-request metrics)"
+    )
+    out.append(
+        "regret = gateway mean e2e / oracle mean e2e (oracle: the faster backend per request)"
+    )
+    if any(s["errors"] for r in doc["overall"] for s in r["targets"].values()):
+        out.append("n!E: n requests, E of them failed (their errors are in the JSON)")
+    regret = doc.get("regret")
+    if regret is not None:
+        out.append(f"gateway/oracle regret over the whole run: {regret:.3f}")
+    return "\n".join(out)
+
+
+def _line(row: dict[str, Any], names: list[str], others: list[str]) -> str:
+    t = row["targets"]
+    n = t[names[0]]["n"] if names else 0
+    errors = sum(s["errors"] for s in t.values())
+    e2e = "".join(_f(t[x]["e2e_p50_s"], ".3f") for x in names)
+    ttft = "".join(_f(t[x]["ttft_p50_s"], ".0f", scale=1000) for x in names)
+    tpot = "".join(_f(t[x]["tpot_p50_s"], ".1f", scale=1000) for x in names)
+    tps = "".join(_f(t[x]["output_tokens_per_s"], ".0f") for x in names)
+    acc = row["acceptance"]
+    speed = "".join(_x(row["speedup"].get(x)) for x in others)
+    routes = (t.get(GATEWAY) or {}).get("routes") or {}
+    route = f"{routes.get(SPEC, 0)}/{routes.get(BASE, 0)}" if GATEWAY in t else ""
+    count = f"{n}" if not errors else f"{n}!{errors}"
+    return (
+        f"{row['workload']:<13}{count:>4} {e2e} {ttft} {tpot} {tps} "
+        f"{_f(acc['counters'], '.2f', 5)} {_f(acc['per_request'], '.2f', 5)} {speed} "
+        f"{_f(row['regret'], '.3f')}  {route}"
+    )

@@ -1,0 +1,137 @@
+"""What answered: probe each target before the bench, so no report mistakes the emulator for a GPU.
+
+A target is whatever speaks the OpenAI API: vLLM, the emulated vLLM, or the
+gateway. The probe reads /v1/models (the served model), /version and /metrics.
+The emulator says what it is in two places a real vLLM never does: its
+/version is "...+emulated" and its model card's permission id is
+"modelperm-emulated"; the gateway relays its backends' model cards, so a
+gateway in front of emulators is recognised too. Its /metrics is also
+recognisable as the emulator's: vLLM series without the process_/python_
+series and without vllm:cache_config_info that a real vLLM exposes. The
+gateway is recognised by its own specroute_* series.
+
+vllm:cache_config_info (a real vLLM's KV-cache size and memory share) is kept
+for `specroute advise`: what the speculative server's memory costs.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from gateway.scraper import Scrape, acceptance_between, parse_metrics
+
+_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>.*)\}")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+_CACHE_KEYS = (
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "kv_cache_size_tokens",
+    "num_gpu_blocks",
+    "block_size",
+    "cache_dtype",
+)
+
+
+@dataclass(slots=True)
+class TargetInfo:
+    name: str
+    url: str
+    model: str | None = None
+    kind: str = "unknown"  # "vllm" | "emulated vllm" | "specroute gateway" | "unknown"
+    emulated: bool = False
+    version: str | None = None
+    cache_config: dict[str, str] | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        bits = [self.kind.upper() if self.emulated else self.kind]
+        if self.kind == "specroute gateway" and self.emulated:
+            bits = ["specroute gateway over EMULATED backends"]
+        if self.version:
+            bits.append(f"version {self.version}")
+        bits.append(f"model {self.model or '?'}")
+        bits += self.problems
+        return f"{self.name:<12} {self.url}  ({', '.join(bits)})"
+
+
+async def probe(session: aiohttp.ClientSession, name: str, url: str) -> TargetInfo:
+    info = TargetInfo(name, url)
+    models = await _get_json(session, f"{url}/v1/models")
+    cards = models.get("data") if isinstance(models, dict) else None
+    if isinstance(cards, list) and cards and isinstance(cards[0], dict):
+        info.model = str(cards[0].get("id"))
+        info.emulated = "modelperm-emulated" in repr(cards)
+    else:
+        info.problems.append("no /v1/models")
+    version = await _get_json(session, f"{url}/version")
+    if isinstance(version, dict) and isinstance(version.get("version"), str):
+        info.version = version["version"]
+        info.emulated = info.emulated or "emulated" in info.version
+    text = await _get_text(session, f"{url}/metrics")
+    if text is None:
+        info.problems.append("no /metrics")
+    elif "specroute_requests_total" in text or "specroute_route_decisions_total" in text:
+        info.kind = "specroute gateway"
+    elif "vllm:" in text:
+        info.cache_config = cache_config(text)
+        looks_emulated = "process_cpu_seconds_total" not in text and info.cache_config is None
+        info.emulated = info.emulated or looks_emulated
+        info.kind = "emulated vllm" if info.emulated else "vllm"
+    return info
+
+
+def cache_config(metrics_text: str) -> dict[str, str] | None:
+    """The memory-related labels of vllm:cache_config_info, if the server exposes it."""
+    for line in metrics_text.splitlines():
+        if (match := _INFO.match(line)) is not None:
+            labels = dict(_LABEL.findall(match["labels"]))
+            return {k: labels[k] for k in _CACHE_KEYS if k in labels}
+    return None
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> Scrape | None:
+    text = await _get_text(session, f"{url}/metrics")
+    return None if text is None else parse_metrics(text, time.monotonic())
+
+
+def acceptance_json(before: Scrape | None, after: Scrape | None) -> dict[str, float] | None:
+    """vLLM's counters between two scrapes: accepted / proposed draft tokens."""
+    if before is None or after is None:
+        return None
+    acc = acceptance_between(before, after)
+    if acc is None:
+        return None
+    return {
+        "rate": round(acc.rate, 4),
+        "mean_length": round(acc.mean_length, 4),
+        "draft_tokens": acc.draft_tokens,
+    }
+
+
+async def kv_usage(session: aiohttp.ClientSession, url: str) -> float | None:
+    got = await scrape(session, url)
+    return None if got is None else got.kv_usage
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            return await resp.json(content_type=None) if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+async def _get_text(session: aiohttp.ClientSession, url: str) -> str | None:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            return await resp.text() if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,137 @@
+"""`specroute bench` end to end on EMULATED backends, then `specroute advise` on its JSON.
+
+One short run (three workloads, two concurrencies, four requests per cell and
+target) through the real CLI: emulators and gateway on loopback, the JSON,
+the PNG and the table checked; then advise reads the JSON back (in-process:
+advise configures nothing global).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.bench.cli import add_arguments, options
+from gateway.cli import main
+from gateway.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+WORKLOADS = ["structured", "creative", "rag"]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
+    """The real command line, in a subprocess (it configures logging for its process)."""
+    out = tmp_path_factory.mktemp("bench")
+    args = ["bench", "--emulate", "--emulator-time-scale", "0.25"]
+    args += ["--workload", ",".join(WORKLOADS), "--concurrency", "1,4", "--requests", "4"]
+    args += ["--json", str(out / "bench.json"), "--plot", str(out / "bench.png")]
+    res = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "[bench EMULATED] c=4 rag -> gateway: 4/4 ok" in res.stderr  # one line per run
+    return json.loads((out / "bench.json").read_text()), res.stdout, out
+
+
+def test_the_json_has_every_row_paired_and_the_regret(
+    bench: tuple[dict[str, Any], str, Path],
+) -> None:
+    doc, _, _ = bench
+    assert doc["schema"] == "specroute-bench/1" and doc["complete"] is True
+    assert doc["emulated"] is True
+    assert doc["mode"] == "concurrency" and doc["concurrency"] == [1, 4]
+    assert set(doc["targets"]) == {"baseline", "speculative", "gateway"}
+    assert doc["targets"]["speculative"]["kind"] == "emulated vllm"
+    assert doc["targets"]["gateway"]["kind"] == "specroute gateway"
+    assert all(t["emulated"] and t["model"] == "emulated-model" for t in doc["targets"].values())
+    assert [(r["load"]["label"], r["workload"]) for r in doc["rows"]] == [
+        (load, w) for load in ("c=1", "c=4") for w in WORKLOADS
+    ]
+    for row in doc["rows"] + doc["overall"]:
+        for stats in row["targets"].values():
+            assert stats["n"] == stats["ok"] == (4 if row["workload"] != "all" else 12)
+            assert stats["e2e_p50_s"] > 0 and stats["ttft_p50_s"] > 0 and stats["tpot_p50_s"] > 0
+            assert stats["output_tokens_per_s"] > 0
+        assert set(row["speedup"]) == {"speculative", "gateway"}
+        assert row["regret"] is not None and row["regret"] > 0.5
+        assert row["oracle_e2e_mean_s"] > 0
+        acc = row["acceptance"]
+        # vLLM's counters (delta over the run) and the per-request metrics agree.
+        assert acc["counters"] == pytest.approx(acc["per_request"], abs=0.02)
+    assert isinstance(doc["regret"], float) and 0.5 < doc["regret"] < 2.0
+    structured = next(r for r in doc["rows"] if r["workload"] == "structured")
+    creative = next(r for r in doc["rows"] if r["workload"] == "creative")
+    assert structured["acceptance"]["counters"] > 0.4 > creative["acceptance"]["counters"]
+    assert structured["speedup"]["speculative"] > 1.1
+    assert creative["speedup"]["speculative"] < 1.0
+    # Raw results are kept, paired by index, with the gateway's route.
+    cell = doc["cells"][0]
+    assert [r["index"] for r in cell["runs"]["baseline"]["results"]] == [0, 1, 2, 3]
+    assert all(
+        r["route"] in ("speculative", "baseline") for r in cell["runs"]["gateway"]["results"]
+    )
+    assert all("spec_drafted" in r for r in cell["runs"]["speculative"]["results"])
+
+
+def test_the_table_says_emulated_and_prints_the_regret(
+    bench: tuple[dict[str, Any], str, Path],
+) -> None:
+    _, text, out = bench
+    assert text.startswith("specroute bench: EMULATED backends")
+    assert "== c=1 ==" in text and "== c=4 ==" in text
+    for workload in [*WORKLOADS, "all"]:
+        assert f"\n{workload} " in text
+    assert "gateway/oracle regret over the whole run: " in text
+    assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
+    assert (out / "bench.png").stat().st_size > 20_000  # a real figure, not a stub
+
+
+def test_advise_on_the_bench_json(
+    bench: tuple[dict[str, Any], str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, out = bench
+    assert main(["advise", str(out / "bench.json"), "--draft-gb", "1.5"]) == 0
+    text = capsys.readouterr().out
+    assert "EMULATED" in text.splitlines()[0]
+    lines: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.split():
+            lines.setdefault(line.split()[0], line)
+    assert "SPECULATE" in lines["structured"]
+    assert "DON'T" in lines["creative"] and "drafts mostly rejected" in lines["creative"]
+    assert "DON'T" in lines["rag"] and "prefill" in lines["rag"]
+    assert "ROUTE PER REQUEST" in lines["overall"] and "regret" in lines["overall"]
+    for question in ("structured output?", "small batches?", "short context?", "spare memory?"):
+        assert question in text
+    assert "1.5 GiB (from --draft-gb)" in text
+    assert "the emulator exposes none" in text  # no vllm:cache_config_info to read
+    # Judged at another measured load on request.
+    assert main(["advise", str(out / "bench.json"), "--concurrency", "4"]) == 0
+    assert "verdicts at c=4" in capsys.readouterr().out
+
+
+def test_bench_refuses_bad_flags() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for argv, message in [
+        (["--target", "nourl"], "expected NAME=URL"),
+        (["--emulate", "--replay-timing"], "--replay-timing needs"),
+        (["--emulate", "--workload", "poetry"], "unknown poetry"),
+        (["--emulate", "--concurrency", "0"], "must be > 0"),
+        ([], "give --target"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            options(parser.parse_args(argv), argv)
