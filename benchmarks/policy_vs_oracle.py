@@ -84,10 +84,10 @@ async def closed_loop(url: str, requests: list[Request], concurrency: int) -> li
     return [r for r in results if r is not None]
 
 
-async def main(smoke: bool) -> int:
+async def main(smoke: bool, only: tuple[int, ...] = ()) -> int:
     per_workload = 3 if smoke else 16
     warmup_per_workload = 4 if smoke else 40
-    levels = (1, 8) if smoke else (1, 8, 32)
+    levels = only or ((1, 8) if smoke else (1, 8, 32))
     names = ["structured", "sql", "code", "creative", "rag", "chat"]
     tokens = load_tiktoken_counter()
     print(
@@ -176,6 +176,8 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--levels", default="", help="concurrencies to run, e.g. 1,8")
     args = parser.parse_args()
     configure_logging("error")
-    sys.exit(asyncio.run(main(args.smoke)))
+    only = tuple(int(x) for x in args.levels.split(",") if x)
+    sys.exit(asyncio.run(main(args.smoke, only)))

@@ -78,8 +78,12 @@ class CostModelConfig:
     spec_max_inflight: int = 16  # speculative batch at/above this -> baseline
     spec_max_kv_usage: float = 0.9  # speculative KV cache at/above this -> baseline
     seed: int = 0
-    # Both servers on one GPU (the usual deployment): each one's load slows the other.
+    # Both servers on one GPU (the usual deployment): while the other server is
+    # busy, each step of one also waits for a step of the other.
     shared_gpu: bool = True
+    # Route on the total latency a choice causes (this request's plus what it
+    # adds to the requests in flight), not on this request's alone.
+    account_for_others: bool = True
     latency: LatencyPriors = field(default_factory=LatencyPriors)
     acceptance: AcceptancePriors = field(default_factory=AcceptancePriors)
 
@@ -112,23 +116,23 @@ class Observation:
     completion_tokens: int
     acceptance: float | None  # accepted/draft tokens of this request (speculative route only)
     predicted_s: float | None  # what the policy predicted for the route taken
+    # The other server's in-flight count at send time, as the gateway counts it
+    # (exact and live; a scraped `running` can be a scrape interval old, and an
+    # idle neighbour counted busy would be charged for steps it never ran).
+    other_batch: int = 0
 
 
-def send_batch(state: LiveState, route: Route, n: int = 1, *, shared_gpu: bool = True) -> int:
-    """The load a request's steps will share: its backend's batch plus it.
+def send_batch(state: LiveState, route: Route, n: int = 1) -> int:
+    """The batch a request joins: its backend's load (ours or its own, the higher) plus it.
 
-    Each backend's load is ours or its own report, the higher. When the two
-    servers share one GPU (the deployment this project is for), a step of one
-    waits for the other's, so the other's load counts too: without it, a
-    baseline fitted while the speculative server was busy looks slow forever.
     The gateway fills Observation.batch with this, from the same snapshot it
     passed to decide, so the model learns on the quantity it predicts with.
     """
-    batch = _load(state.of(route)) + max(n, 1)
-    return batch + _load(state.of(route.other)) if shared_gpu else batch
+    return load(state.of(route)) + max(n, 1)
 
 
-def _load(backend: BackendState) -> int:
+def load(backend: BackendState) -> int:
+    """Requests in flight on a backend: the gateway's count or its own, the higher."""
     return max(backend.inflight, backend.running or 0)
 
 
@@ -174,17 +178,19 @@ class CostModelPolicy:
                 SPEC,
                 f.prompt_tokens,
                 out,
-                send_batch(state, SPEC, f.n, shared_gpu=shared),
+                send_batch(state, SPEC, f.n),
                 spec.waiting or 0,
                 tps,
+                other_batch=base.inflight if shared else 0,
             ),
             BASE: self._latency.predict(
                 BASE,
                 f.prompt_tokens,
                 out,
-                send_batch(state, BASE, f.n, shared_gpu=shared),
+                send_batch(state, BASE, f.n),
                 base.waiting or 0,
                 1.0,
+                other_batch=spec.inflight if shared else 0,
             ),
         }
 
@@ -198,13 +204,36 @@ class CostModelPolicy:
         elif max(spec.inflight, spec.running or 0) >= cfg.spec_max_inflight:
             route, reason = BASE, "spec-busy"
         else:
-            route = SPEC if predicted[SPEC] < predicted[BASE] else BASE
+            cost = self._cost(features, state, predicted)
+            route = SPEC if cost[SPEC] < cost[BASE] else BASE
             reason = _FASTER[route]
             if self._explore(predicted[route], predicted[route.other], state):
                 route, reason = route.other, "explore"
         if not state.of(route).healthy and state.of(route.other).healthy:
             return Decision(route.other, "unhealthy-fallback", predicted)
         return Decision(route, reason, predicted)
+
+    def _cost(
+        self, f: RequestFeatures, state: LiveState, predicted: dict[Route, float]
+    ) -> dict[Route, float]:
+        """What a route costs all requests together: this one's latency plus what it adds
+        to the others' (the mean latency is what the gateway minimises)."""
+        if not self._config.account_for_others:
+            return predicted
+        out = self._outputs.predict(f)
+        tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
+        shared = self._config.shared_gpu
+        return {
+            route: predicted[route]
+            + self._latency.slowdown_of_others(
+                route,
+                out,
+                tps if route is SPEC else 1.0,
+                send_batch(state, route, f.n),
+                state.of(route.other).inflight if shared else 0,
+            )
+            for route in (SPEC, BASE)
+        }
 
     def _explore(self, faster_s: float, slower_s: float, state: LiveState) -> bool:
         cfg = self._config
@@ -244,6 +273,7 @@ class CostModelPolicy:
             tokens_per_step=tps,
             duration_s=obs.duration_s,
             ttft_s=obs.ttft_s,
+            other_batch=obs.other_batch if self._config.shared_gpu else 0,
         )
         self._outputs.observe(f, obs.completion_tokens)
         if obs.predicted_s is not None and math.isfinite(obs.predicted_s):

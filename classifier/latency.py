@@ -214,10 +214,48 @@ class LatencyModel:
         batch: float,
         waiting: float = 0.0,
         tokens_per_step: float = 1.0,
+        other_batch: float = 0.0,
     ) -> float:
-        """Seconds from send to last byte; tokens_per_step is 1 on the baseline."""
+        """Seconds from send to last byte; tokens_per_step is 1 on the baseline.
+
+        other_batch: the other server's batch when both share one GPU (0 if
+        they do not, or it is idle): each of this request's steps then also
+        waits for one step of the other server.
+        """
         steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
-        return self._fits[route].predict(prompt_tokens, steps, batch, waiting)
+        own = self._fits[route].predict(prompt_tokens, steps, batch, waiting)
+        return own + steps * self._step(route.other, other_batch)
+
+    def slowdown_of_others(
+        self,
+        route: Route,
+        output_tokens: float,
+        tokens_per_step: float,
+        batch: float,
+        other_batch: float,
+    ) -> float:
+        """Seconds this request adds to everyone else's answers, summed.
+
+        Each of its steps adds one sequence to its server's batch (s1 for each
+        request already there) and, on a shared GPU, makes the other server's
+        requests wait for that step too, the whole step if this server was idle.
+        Routing on a request's own latency alone ignores this, and at load it
+        wakes an idle server whose every step then slows the busy one.
+        """
+        steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
+        _, _, s0, s1, _ = self._fits[route].rates
+        own = max(batch - 1.0, 0.0)  # the requests already on this server
+        added = own * s1
+        if other_batch > 0:
+            added += other_batch * (s1 if own > 0 else s0 + s1)
+        return steps * added
+
+    def _step(self, route: Route, batch: float) -> float:
+        """One decode step of `route` at `batch` (0 when idle)."""
+        if batch <= 0:
+            return 0.0
+        _, _, s0, s1, _ = self._fits[route].rates
+        return s0 + s1 * batch
 
     def observe(
         self,
@@ -230,21 +268,27 @@ class LatencyModel:
         tokens_per_step: float,
         duration_s: float,
         ttft_s: float | None,
+        other_batch: float = 0.0,
     ) -> None:
         """Learn from one finished request.
 
         With a TTFT (streamed) the request gives two rows, prefill and decode,
         which pin the two parts down separately; without one it gives one row
-        for the total. Both feed the same fit.
+        for the total. Both feed the same fit. The other server's steps it
+        waited for (shared GPU, see predict) are taken out first, at that
+        route's current rates, so each route fits its own cost.
         """
         fit = self._fits[route]
         steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
+        waited = steps * self._step(route.other, other_batch)
         if ttft_s is not None and 0 < ttft_s <= duration_s:
             fit.add((1.0, prompt_tokens, 0.0, 0.0, waiting), ttft_s)
+            decode = duration_s - ttft_s
             if steps > 0:
-                fit.add((0.0, 0.0, steps, steps * batch, 0.0), duration_s - ttft_s)
+                fit.add((0.0, 0.0, steps, steps * batch, 0.0), max(decode - waited, 0.1 * decode))
         else:
-            fit.add((1.0, prompt_tokens, steps, steps * batch, waiting), duration_s)
+            own = max(duration_s - waited, 0.1 * duration_s)
+            fit.add((1.0, prompt_tokens, steps, steps * batch, waiting), own)
         other = self._fits[route.other]
         other.recent *= _FADE
         for thin, rich in ((fit, other), (other, fit)):

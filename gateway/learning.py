@@ -43,7 +43,8 @@ def learn(
         Observation(
             route=route,
             features=features,
-            batch=send_batch(state, route, features.n, shared_gpu=policy.config.shared_gpu),
+            batch=send_batch(state, route, features.n),
+            other_batch=state.of(route.other).inflight,
             waiting=exchange.waiting,
             ttft_s=exchange.ttft_s,
             duration_s=exchange.duration_s,

@@ -70,7 +70,7 @@ def test_load_shrinks_speculations_advantage_once_learned() -> None:
     """The priors' speculative step is the baseline's x (1 + k*c) at every batch size;
     the verify pass really computes k + 1 tokens per sequence, and the fit finds it."""
     engine = Engine()
-    p = policy(draft_cost_ratio=engine.c)
+    p = policy(draft_cost_ratio=engine.c, shared_gpu=False)  # the sim engines are independent
     for i in range(600):
         route, batch = (SPEC, BASE)[i % 2], 1 + i % 24
         out = outcome(engine, route, STRUCTURED, batch, seed=i)
@@ -136,11 +136,8 @@ def test_send_batch() -> None:
     idle = LiveState(BackendState(), BackendState())
     assert send_batch(idle, Route.SPECULATIVE) == 1
     busy = LiveState(BackendState(inflight=3, running=7), BackendState(inflight=5, running=2))
-    assert send_batch(busy, Route.SPECULATIVE, n=2, shared_gpu=False) == 9
-    assert send_batch(busy, Route.BASELINE, shared_gpu=False) == 6
-    # one GPU: the other server's load is shared too
-    assert send_batch(busy, Route.SPECULATIVE, n=2) == 9 + 5
-    assert send_batch(busy, Route.BASELINE) == 6 + 7
+    assert send_batch(busy, Route.SPECULATIVE, n=2) == 9
+    assert send_batch(busy, Route.BASELINE) == 6
 
 
 # ---- exploration ---------------------------------------------------------------------
