@@ -6,5 +6,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+echo "specroute demo: installing into .venv (about a minute the first time)..." >&2
+if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -e . >.venv/pip.log 2>&1; then
+    cat .venv/pip.log >&2
+    exit 1
+fi
 exec .venv/bin/specroute demo "$@"

@@ -26,7 +26,11 @@ fi
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# pip's own chatter goes to a log; shown only if the install fails.
+if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' >.venv/pip.log 2>&1; then
+    cat .venv/pip.log >&2
+    exit 1
+fi
 
 echo "== ruff"
 .venv/bin/ruff check .
