@@ -65,6 +65,7 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", handlers.ready)
     app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/openapi.json", handlers.openapi)
     return app
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import json
 import re
 import time
@@ -206,6 +207,14 @@ async def ready(request: web.Request) -> web.Response:
     if not any_up:
         return error_response(503, f"no backend is healthy: {backends}", code="not_ready")
     return web.json_response({"status": "ready", "backends": backends})
+
+
+_OPENAPI = importlib.resources.files("gateway").joinpath("openapi.json").read_bytes()
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """The gateway's own OpenAPI description (the fields it reads and its errors)."""
+    return web.Response(body=_OPENAPI, content_type="application/json")
 
 
 async def metrics(request: web.Request) -> web.Response:

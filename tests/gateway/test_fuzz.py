@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 Client = TestClient[web.Request, web.Application]
+ERROR_SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "gateway" / "openapi.json").read_text()
+)["components"]["schemas"]["Error"]
 
 scalars = st.one_of(
     st.none(),
@@ -69,8 +74,9 @@ async def _post(gateway: Client, path: str, data: bytes, content_type: str) -> N
         resp = await gateway.post(path, data=data, headers={"Content-Type": content_type})
         payload = await resp.read()
     if resp.status >= 400:
-        error = json.loads(payload)["error"]
-        assert set(error) == {"message", "type", "param", "code"}
+        body = json.loads(payload)
+        jsonschema.validate(body, ERROR_SCHEMA)  # the OpenAPI spec's Error (gateway/openapi.json)
+        assert set(body["error"]) == {"message", "type", "param", "code"}
     assert resp.status < 500, (resp.status, data[:200], payload[:300])
 
 
