@@ -31,6 +31,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gateway.local_stack import wait_healthy  # noqa: E402
+
 CHAT = {"model": "emulated-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
@@ -58,19 +60,6 @@ def process(args: list[str], cpu: int | None) -> Iterator[subprocess.Popen[bytes
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-async def wait_ready(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(300):
-            try:
-                async with session.get(f"{url}/health") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not start")
 
 
 def rss_mb(pid: int) -> float:
@@ -233,7 +222,7 @@ async def main(smoke: bool) -> dict[str, object]:
         process(serve(ports[1], upstream), cpu=1) as gw,
     ):
         for url in (upstream, gateway):
-            await wait_ready(url)
+            await wait_healthy(url)
         await latencies(gateway, 50, 4)  # warm both paths
         await latencies(upstream, 50, 4)
         rows = []

@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
+from gateway.local_stack import wait_healthy  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
 from gateway.workloads import build  # noqa: E402
 
@@ -109,15 +110,7 @@ class Backend:
             self.down_since = time.monotonic()
 
     async def ready(self, session: aiohttp.ClientSession) -> None:
-        for _ in range(400):
-            try:
-                async with session.get(f"{self.url}/health") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-        raise RuntimeError(f"{self.mode} emulator did not start")
+        await wait_healthy(self.url)
 
 
 @dataclass

@@ -7,12 +7,14 @@ cancellation on, on 127.0.0.1 ephemeral ports.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter
@@ -41,6 +43,22 @@ async def serve_app(
     sock.bind((host, port))
     await web.SockSite(runner, sock).start()
     return runner, f"http://{host}:{sock.getsockname()[1]}"
+
+
+async def wait_healthy(url: str, timeout_s: float = 20.0) -> None:
+    """Poll `url`/health until it answers 200 (a server started in another process)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(f"{url}/health") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{url} did not become healthy in {timeout_s:g} s")
+            await asyncio.sleep(0.05)
 
 
 def gateway_config(

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from gateway.local_stack import wait_healthy
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_routing import chat
 
@@ -70,17 +71,12 @@ async def gateway_process(
         stdout=asyncio.subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{unused_tcp_port}"
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            try:
-                async with session.get(f"{url}/health") as resp:
-                    if resp.status == 200:
-                        break
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(0.05)
-        else:
-            proc.kill()
-            raise AssertionError("gateway did not start")
+    try:
+        await wait_healthy(url)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
     gateway = Gateway(proc, url)
     try:
         yield gateway
