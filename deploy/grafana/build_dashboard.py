@@ -401,6 +401,92 @@ ROWS: list[tuple[str, list[Panel]]] = [
         ],
     ),
     (
+        "The router: what it measured, what it believes",
+        [
+            (
+                "Acceptance per workload (per request)",
+                "timeseries",
+                "percentunit",
+                8,
+                [
+                    q(
+                        "sum by (workload) (rate(specroute_spec_acceptance_rate_sum"
+                        f"{{{WL}}}[{RI}])) / sum by (workload) "
+                        f"(rate(specroute_spec_acceptance_rate_count{{{WL}}}[{RI}]))",
+                        "{{workload}}",
+                    )
+                ],
+                "Mean accepted/proposed draft tokens of the requests the speculative server "
+                "answered, by workload (vLLM's per-request metrics, read by the gateway).",
+            ),
+            (
+                "Estimated acceptance a (the router's belief)",
+                "timeseries",
+                "percentunit",
+                8,
+                [q(f"avg by (workload) (specroute_estimated_acceptance{{{WL}}})", "{{workload}}")],
+                "The cost model's per-position acceptance estimate per workload, what it "
+                "routes on (a, not accepted/proposed: a=0.8 with k=4 is about 0.59 of drafts).",
+            ),
+            (
+                "Measured / predicted latency (p50)",
+                "timeseries",
+                "short",
+                8,
+                [
+                    q(
+                        "histogram_quantile(0.5, sum by (route, le) "
+                        f"(rate(specroute_latency_prediction_ratio_bucket[{RI}])))",
+                        "{{route}}",
+                    )
+                ],
+                "1 = the cost model predicted the route's latency exactly; above 1 the route "
+                "was slower than predicted.",
+            ),
+            (
+                "Backends as the router sees them",
+                "timeseries",
+                "short",
+                8,
+                [
+                    q("max by (backend) (specroute_backend_running)", "{{backend}} running"),
+                    q("max by (backend) (specroute_backend_waiting)", "{{backend}} waiting"),
+                ],
+                "vLLM's running/waiting as scraped by the gateway (what the router decides "
+                "on), next to Prometheus's own scrape in the Backends row.",
+            ),
+            (
+                "KV cache and acceptance (router's scrape)",
+                "timeseries",
+                "percentunit",
+                8,
+                [
+                    q("max by (backend) (specroute_backend_kv_cache_usage)", "{{backend}} KV"),
+                    q(
+                        "max by (backend) (specroute_backend_spec_acceptance_rate)",
+                        "{{backend}} acceptance",
+                    ),
+                ],
+                "KV-cache usage and acceptance from the counter deltas the gateway scrapes.",
+            ),
+            (
+                "Failovers",
+                "timeseries",
+                "reqps",
+                8,
+                [
+                    q(
+                        "sum by (from_backend, to_backend) "
+                        f"(rate(specroute_failovers_total[{RI}]))",
+                        "{{from_backend}} -> {{to_backend}}",
+                    )
+                ],
+                "Requests answered by the other backend than the one chosen (refused, 5xx "
+                "before the first byte, or admission limit).",
+            ),
+        ],
+    ),
+    (
         "Errors",
         [
             (
@@ -441,12 +527,6 @@ ROWS: list[tuple[str, list[Panel]]] = [
         ],
     ),
 ]
-
-TODO_TEXT = (
-    "Coming with later gateway metrics (see deploy/README.md, TODO): acceptance per "
-    "workload (specroute_spec_acceptance_rate), predicted vs measured latency, "
-    "backend gauges scraped by the gateway."
-)
 
 
 def panel(pid: int, x: int, y: int, spec: Panel) -> dict[str, Any]:
@@ -506,15 +586,6 @@ def build() -> dict[str, Any]:
             x += p["gridPos"]["w"]
             row_height = max(row_height, p["gridPos"]["h"])
         y += row_height
-    panels.append(
-        {
-            "id": pid,
-            "type": "text",
-            "title": "Not yet exported",
-            "gridPos": {"h": 3, "w": 24, "x": 0, "y": y},
-            "options": {"mode": "markdown", "content": TODO_TEXT},
-        }
-    )
     return {
         "uid": UID,
         "title": "specroute: speculative vs baseline routing",

@@ -35,6 +35,15 @@ GATEWAY_METRICS = {
     "specroute_inflight_requests": "gauge",
     "specroute_upstream_errors": "counter",
     "specroute_backend_up": "gauge",
+    "specroute_failovers": "counter",
+    "specroute_spec_acceptance_rate": "histogram",
+    "specroute_estimated_acceptance": "gauge",
+    "specroute_latency_prediction_ratio": "histogram",
+    "specroute_backend_running": "gauge",
+    "specroute_backend_waiting": "gauge",
+    "specroute_backend_kv_cache_usage": "gauge",
+    "specroute_backend_spec_acceptance_rate": "gauge",
+    "specroute_backend_spec_mean_acceptance_length": "gauge",
 }
 VLLM_METRICS = {
     "vllm:num_requests_running": "gauge",

@@ -75,5 +75,13 @@ def test_the_panels_the_issue_lists() -> None:
         "specroute_upstream_errors_total",
     ):
         assert name in exprs
-    # What cannot be shown yet is said on the dashboard.
-    assert "Not yet exported" in titles
+    # The router: per-request acceptance by workload, its estimate, prediction error.
+    for name in (
+        "specroute_spec_acceptance_rate_sum",
+        "specroute_estimated_acceptance",
+        "specroute_latency_prediction_ratio_bucket",
+        "specroute_backend_kv_cache_usage",
+        "specroute_failovers_total",
+    ):
+        assert name in exprs
+    assert "Estimated acceptance a (the router's belief)" in titles

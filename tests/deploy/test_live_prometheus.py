@@ -211,12 +211,18 @@ async def test_prometheus_scrapes_the_gateway_and_answers_promql(tmp_path: Path)
         print(f"draft tokens by route: {[(r['metric']['route'], r['value'][1]) for r in drafts]}")
         print(f"rules evaluated: {len(rules)}, all health=ok")
         print(f"dashboard + rule expressions: all ran; without data: {sorted(empty)}")
-        # Only the alerts (none fires) and the error panels (no errors) are empty.
-        assert {w.split(":")[1] for w in empty if w.startswith("specroute.json")} == {
-            "Server errors",
-            "Requests by status",
-            "Upstream errors",
+        # Only the alerts (none fires) and the error panels (no errors) must be
+        # empty; of the router's panels, those that need conditions this short
+        # run does not create (predictions: its routes are forced by header;
+        # failovers; two scrapes with drafts) may be.
+        panels_empty = {w.split(":")[1] for w in empty if w.startswith("specroute.json")}
+        errors = {"Server errors", "Requests by status", "Upstream errors"}
+        may_be_empty = {
+            "Measured / predicted latency (p50)",
+            "Failovers",
+            "KV cache and acceptance (router's scrape)",
         }
+        assert errors <= panels_empty <= errors | may_be_empty, panels_empty
         assert {r["metric"]["route"] for r in drafts} == {"speculative"}
     finally:
         for runner in reversed(runners):
