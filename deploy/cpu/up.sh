@@ -27,6 +27,8 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../pair_lib.sh
+source "$here/../pair_lib.sh"
 cache="${SPECROUTE_CACHE:-$HOME/.cache/specroute}"
 venv="$cache/vllm-venv"
 model_dir="$cache/models/smollm2-135m-instruct"
@@ -153,36 +155,12 @@ start() {
     started+=("$name")
 }
 
-# wait_ready NAME PORT: polls /v1/models until it answers 200.
-wait_ready() {
-    local name=$1 port=$2 t0=$SECONDS pid=""
-    local logf="$run_dir/$name.log" pidf="$run_dir/$name.pid"
-    while true; do
-        [[ -z "$pid" && -s "$pidf" ]] && pid=$(<"$pidf")
-        if curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$port/v1/models" 2>/dev/null; then
-            log "$name ready after $((SECONDS - t0)) s"
-            return 0
-        fi
-        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
-            log "$name exited before it was ready; last lines of $logf:"
-            tail -n 40 "$logf" >&2
-            return 1
-        fi
-        if (( SECONDS - t0 >= timeout_s )); then
-            log "$name not ready after ${timeout_s} s; last lines of $logf:"
-            tail -n 40 "$logf" >&2
-            return 1
-        fi
-        sleep 1
-    done
-}
-
 start baseline "$base_port" 1
-wait_ready baseline "$base_port"
+wait_ready baseline "http://127.0.0.1:$base_port"
 start speculative "$spec_port" 0 \
     --speculative-config "$spec_config" \
     --per-request-spec-decode-metrics "$spec_metrics"
-wait_ready speculative "$spec_port"
+wait_ready speculative "http://127.0.0.1:$spec_port"
 
 printf 'speculative=http://127.0.0.1:%s\nbaseline=http://127.0.0.1:%s\n' "$spec_port" "$base_port" \
     | tee "$run_dir/backends"

@@ -36,6 +36,8 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../pair_lib.sh
+source "$here/../pair_lib.sh"
 
 model=""
 draft=""
@@ -202,39 +204,15 @@ start() {
     started+=("$name")
 }
 
-# wait_ready NAME PORT: polls /v1/models until it answers 200.
-wait_ready() {
-    local name=$1 port=$2 t0=$SECONDS pid=""
-    local logf="$run_dir/$name.log" pidf="$run_dir/$name.pid"
-    while true; do
-        [[ -z "$pid" && -s "$pidf" ]] && pid=$(<"$pidf")
-        if curl -fsS -o /dev/null --max-time 2 "http://$host:$port/v1/models" 2>/dev/null; then
-            log "$name ready after $((SECONDS - t0)) s"
-            return 0
-        fi
-        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
-            log "$name exited before it was ready; last lines of $logf:"
-            tail -n 40 "$logf" >&2
-            return 1
-        fi
-        if (( SECONDS - t0 >= timeout_s )); then
-            log "$name not ready after ${timeout_s} s; last lines of $logf:"
-            tail -n 40 "$logf" >&2
-            return 1
-        fi
-        sleep 0.5
-    done
-}
-
 start_speculative() {
     start speculative "$spec_port" "$spec_util" \
         --speculative-config "$spec_config" \
         --per-request-spec-decode-metrics "$spec_metrics"
-    wait_ready speculative "$spec_port"
+    wait_ready speculative "http://$host:$spec_port" 0.5
 }
 start_baseline() {
     start baseline "$base_port" "$base_util"
-    wait_ready baseline "$base_port"
+    wait_ready baseline "http://$host:$base_port" 0.5
 }
 
 log "speculative config: $spec_config"

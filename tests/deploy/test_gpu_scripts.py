@@ -28,7 +28,7 @@ H200_MIB = "143771"
 
 def test_shellcheck() -> None:
     shellcheck = require_binary("shellcheck", "CI: apt-get install -y shellcheck")
-    res = run([shellcheck, "--severity=style", *map(str, SCRIPTS)])
+    res = run([shellcheck, "-x", "--source-path=SCRIPTDIR", "--severity=style", *map(str, SCRIPTS)])
     assert res.returncode == 0, res.stdout + res.stderr
     assert {p.name for p in SCRIPTS} >= {"launch.sh", "down.sh", "validate.sh"}
 
