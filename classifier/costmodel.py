@@ -122,6 +122,17 @@ class Observation:
     other_batch: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Load:
+    """One route's inputs to a prediction for one request."""
+
+    output_tokens: float
+    tokens_per_step: float
+    batch: int
+    waiting: int
+    other_batch: int
+
+
 def send_batch(state: LiveState, route: Route, n: int = 1) -> int:
     """The batch a request joins: its backend's load (ours or its own, the higher) plus it.
 
@@ -169,42 +180,50 @@ class CostModelPolicy:
 
     def predict(self, f: RequestFeatures, state: LiveState) -> dict[Route, float]:
         """Predicted seconds, send to last byte, on each route for this request now."""
+        return self._predict(f, self._loads(f, state))
+
+    def _loads(self, f: RequestFeatures, state: LiveState) -> dict[Route, _Load]:
+        """What each route's prediction and cost need, computed once per decision."""
         out = self._outputs.predict(f)
         tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
-        spec, base = state.speculative, state.baseline
         shared = self._config.shared_gpu
         return {
-            SPEC: self._latency.predict(
-                SPEC,
-                f.prompt_tokens,
+            route: _Load(
                 out,
-                send_batch(state, SPEC, f.n),
-                spec.waiting or 0,
-                tps,
-                other_batch=base.inflight if shared else 0,
-            ),
-            BASE: self._latency.predict(
-                BASE,
+                tps if route is SPEC else 1.0,
+                send_batch(state, route, f.n),
+                state.of(route).waiting or 0,
+                state.of(route.other).inflight if shared else 0,
+            )
+            for route in (SPEC, BASE)
+        }
+
+    def _predict(self, f: RequestFeatures, loads: dict[Route, _Load]) -> dict[Route, float]:
+        return {
+            route: self._latency.predict(
+                route,
                 f.prompt_tokens,
-                out,
-                send_batch(state, BASE, f.n),
-                base.waiting or 0,
-                1.0,
-                other_batch=spec.inflight if shared else 0,
-            ),
+                load.output_tokens,
+                load.batch,
+                load.waiting,
+                load.tokens_per_step,
+                other_batch=load.other_batch,
+            )
+            for route, load in loads.items()
         }
 
     def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
         cfg = self._config
         self._decisions += 1
-        predicted = self.predict(features, state)
+        loads = self._loads(features, state)
+        predicted = self._predict(features, loads)
         spec = state.speculative
         if spec.kv_cache_usage is not None and spec.kv_cache_usage >= cfg.spec_max_kv_usage:
             route, reason = BASE, "kv-pressure"
         elif max(spec.inflight, spec.running or 0) >= cfg.spec_max_inflight:
             route, reason = BASE, "spec-busy"
         else:
-            cost = self._cost(features, state, predicted)
+            cost = self._cost(predicted, loads)
             route = SPEC if cost[SPEC] < cost[BASE] else BASE
             reason = _FASTER[route]
             if self._explore(predicted[route], predicted[route.other], state):
@@ -213,26 +232,17 @@ class CostModelPolicy:
             return Decision(route.other, "unhealthy-fallback", predicted)
         return Decision(route, reason, predicted)
 
-    def _cost(
-        self, f: RequestFeatures, state: LiveState, predicted: dict[Route, float]
-    ) -> dict[Route, float]:
+    def _cost(self, predicted: dict[Route, float], loads: dict[Route, _Load]) -> dict[Route, float]:
         """What a route costs all requests together: this one's latency plus what it adds
         to the others' (the mean latency is what the gateway minimises)."""
         if not self._config.account_for_others:
             return predicted
-        out = self._outputs.predict(f)
-        tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
-        shared = self._config.shared_gpu
         return {
             route: predicted[route]
             + self._latency.slowdown_of_others(
-                route,
-                out,
-                tps if route is SPEC else 1.0,
-                send_batch(state, route, f.n),
-                state.of(route.other).inflight if shared else 0,
+                route, load.output_tokens, load.tokens_per_step, load.batch, load.other_batch
             )
-            for route in (SPEC, BASE)
+            for route, load in loads.items()
         }
 
     def _explore(self, faster_s: float, slower_s: float, state: LiveState) -> bool:
