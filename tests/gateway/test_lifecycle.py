@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -53,38 +53,47 @@ class Gateway:
         return (await self._reader).decode()
 
 
+GatewayFactory = Callable[[float], Awaitable[Gateway]]
+
+
 @pytest.fixture
-async def gateway_process(
+async def start_gateway(
     tmp_path: Path, spec_server: TestServer, base_server: TestServer, unused_tcp_port: int
-) -> AsyncIterator[Gateway]:
-    config = tmp_path / "config.toml"
-    write_config(config, spec_server, base_server, unused_tcp_port)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        cwd=ROOT,
-        stderr=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{unused_tcp_port}"
-    try:
-        await wait_healthy(url)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    gateway = Gateway(proc, url)
-    try:
-        yield gateway
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+) -> AsyncIterator[GatewayFactory]:
+    """Start `specroute serve` on tmp_path/config.toml with a given drain time; stop it after."""
+    started: list[Gateway] = []
+
+    async def start(drain_s: float) -> Gateway:
+        config = tmp_path / "config.toml"
+        write_config(config, spec_server, base_server, unused_tcp_port)
+        config.write_text(config.read_text().replace("drain_s = 5.0", f"drain_s = {drain_s}"))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--config",
+            str(config),
+            cwd=ROOT,
+            stderr=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+        )
+        gateway = Gateway(proc, f"http://127.0.0.1:{unused_tcp_port}")
+        started.append(gateway)
+        await wait_healthy(gateway.url)
+        return gateway
+
+    yield start
+    for gateway in started:
+        if gateway.proc.returncode is None:
+            gateway.proc.kill()
+            await gateway.proc.wait()
         await gateway.stderr()
+
+
+@pytest.fixture
+async def gateway_process(start_gateway: GatewayFactory) -> Gateway:
+    return await start_gateway(5.0)
 
 
 async def test_sigterm_drains_in_flight_and_refuses_new_work(
@@ -111,43 +120,21 @@ async def test_sigterm_drains_in_flight_and_refuses_new_work(
 
 
 async def test_sigterm_cancels_what_outlives_the_drain_time(
-    tmp_path: Path,
-    spec_server: TestServer,
-    base_server: TestServer,
-    spec_upstream: FakeUpstream,
-    unused_tcp_port: int,
+    start_gateway: GatewayFactory, spec_upstream: FakeUpstream
 ) -> None:
-    config = tmp_path / "c.toml"
-    write_config(config, spec_server, base_server, unused_tcp_port)
-    config.write_text(config.read_text().replace("drain_s = 5.0", "drain_s = 0.5"))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        cwd=ROOT,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{unused_tcp_port}"
+    gateway = await start_gateway(0.5)
     spec_upstream.chunk_delay_s = 0.3
     spec_upstream.words = ["tok"] * 100  # 30 s
     async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            try:
-                stream = await session.post(
-                    f"{url}/v1/chat/completions",
-                    json=chat("hi", stream=True),
-                    headers={"x-specroute-route": "speculative"},
-                )
-                break
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(0.05)
+        stream = await session.post(
+            f"{gateway.url}/v1/chat/completions",
+            json=chat("hi", stream=True),
+            headers={"x-specroute-route": "speculative"},
+        )
         await stream.content.readline()
-        proc.send_signal(signal.SIGTERM)
+        gateway.proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(spec_upstream.cancelled.wait(), 5)  # vLLM would abort it
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        assert await asyncio.wait_for(gateway.proc.wait(), 10) == 0
         stream.close()
 
 
