@@ -64,3 +64,24 @@ async def gateway(
     aiohttp_client: ClientFactory, config: Config, tokens: TokenCounter
 ) -> TestClient[web.Request, web.Application]:
     return await aiohttp_client(create_app(config, tokens=tokens))
+
+
+GatewayFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
+
+
+@pytest.fixture
+def gateway_for(
+    aiohttp_client: ClientFactory,
+    spec_server: TestServer,
+    base_server: TestServer,
+    tokens: TokenCounter,
+) -> GatewayFactory:
+    """A gateway in front of the two fake upstreams, with config sections overridden."""
+
+    async def make(**sections: dict[str, object]) -> TestClient[web.Request, web.Application]:
+        config = make_config(
+            str(spec_server.make_url("")), str(base_server.make_url("")), **sections
+        )
+        return await aiohttp_client(create_app(config, tokens=tokens))
+
+    return make

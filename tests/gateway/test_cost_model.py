@@ -7,14 +7,13 @@ import random
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from classifier import COST_MODEL_REASONS
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.cli import main
 from gateway.config import ConfigError
-from tests.gateway.conftest import ClientFactory, make_config
+from tests.gateway.conftest import GatewayFactory, make_config
 from tests.gateway.test_observability import samples
 from tests.gateway.test_routing import chat
 
@@ -23,18 +22,10 @@ STRUCTURED = chat(
 )
 
 
-async def test_cost_model_predicts_both_routes_and_learns(
-    aiohttp_client: ClientFactory,
-    spec_server: TestServer,
-    base_server: TestServer,
-    tokens: TokenCounter,
-) -> None:
-    config = make_config(
-        str(spec_server.make_url("")),
-        str(base_server.make_url("")),
-        routing={"policy": "cost-model", "cost_model": {"explore_share": 0.0}},
+async def test_cost_model_predicts_both_routes_and_learns(gateway_for: GatewayFactory) -> None:
+    client = await gateway_for(
+        routing={"policy": "cost-model", "cost_model": {"explore_share": 0.0}}
     )
-    client = await aiohttp_client(create_app(config, tokens=tokens))
     resp = await client.post("/v1/chat/completions", json=STRUCTURED)
     assert resp.status == 200
     await resp.read()

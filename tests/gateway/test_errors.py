@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient
 
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
-from tests.gateway.conftest import ClientFactory, make_config
+from tests.gateway.conftest import ClientFactory, GatewayFactory, make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_routing import chat
 
@@ -94,15 +94,8 @@ async def test_bad_bodies_are_400(
     assert not base_upstream.received
 
 
-async def test_body_over_limit_is_413(
-    aiohttp_client: ClientFactory, config: Any, tokens: TokenCounter
-) -> None:
-    small = make_config(
-        config.backends.speculative.urls[0],
-        config.backends.baseline.urls[0],
-        server={"max_body_bytes": 1024},
-    )
-    client = await aiohttp_client(create_app(small, tokens=tokens))
+async def test_body_over_limit_is_413(gateway_for: GatewayFactory) -> None:
+    client = await gateway_for(server={"max_body_bytes": 1024})
     resp = await client.post("/v1/chat/completions", json=chat("x" * 2000))
     await error_of(resp, 413)
 

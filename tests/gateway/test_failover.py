@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.state import BACKENDS, SESSION
-from tests.gateway.conftest import ClientFactory, make_config
+from tests.gateway.conftest import ClientFactory, GatewayFactory, make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_observability import samples
 from tests.gateway.test_routing import chat
@@ -87,20 +87,11 @@ async def test_5xx_before_any_byte_fails_over_and_4xx_does_not(
 
 
 async def test_no_failover_beyond_the_retry_budget(
-    aiohttp_client: ClientFactory,
-    spec_server: TestServer,
-    base_server: TestServer,
+    gateway_for: GatewayFactory,
     spec_upstream: FakeUpstream,
     base_upstream: FakeUpstream,
-    tokens: TokenCounter,
 ) -> None:
-    client = await gateway_with(
-        aiohttp_client,
-        str(spec_server.make_url("")),
-        str(base_server.make_url("")),
-        tokens,
-        upstream={"retry_budget_ratio": 0.0, "retry_budget_min": 0},
-    )
+    client = await gateway_for(upstream={"retry_budget_ratio": 0.0, "retry_budget_min": 0})
     spec_upstream.fail_status = 500
     resp = await client.post("/v1/chat/completions", json=STRUCTURED)
     assert resp.status == 500 and resp.headers["x-specroute-route"] == "speculative"
@@ -108,20 +99,13 @@ async def test_no_failover_beyond_the_retry_budget(
 
 
 async def test_retry_budget_allows_a_few_concurrent_retries_then_stops(
-    aiohttp_client: ClientFactory,
-    spec_server: TestServer,
-    base_server: TestServer,
+    gateway_for: GatewayFactory,
     spec_upstream: FakeUpstream,
     base_upstream: FakeUpstream,
-    tokens: TokenCounter,
 ) -> None:
     """Budget of 2 retries in flight: of 6 concurrent failing requests, 2 are retried."""
-    client = await gateway_with(
-        aiohttp_client,
-        str(spec_server.make_url("")),
-        str(base_server.make_url("")),
-        tokens,
-        upstream={"retry_budget_ratio": 0.0, "retry_budget_min": 2, "eject_after_failures": 100},
+    client = await gateway_for(
+        upstream={"retry_budget_ratio": 0.0, "retry_budget_min": 2, "eject_after_failures": 100}
     )
     spec_upstream.fail_status = 500
     base_upstream.chunk_delay_s = 0.1  # retried requests stay in flight a while
@@ -133,18 +117,11 @@ async def test_retry_budget_allows_a_few_concurrent_retries_then_stops(
 
 
 async def test_passive_ejection_and_readmission(
-    aiohttp_client: ClientFactory,
-    spec_server: TestServer,
-    base_server: TestServer,
+    gateway_for: GatewayFactory,
     spec_upstream: FakeUpstream,
-    tokens: TokenCounter,
 ) -> None:
-    client = await gateway_with(
-        aiohttp_client,
-        str(spec_server.make_url("")),
-        str(base_server.make_url("")),
-        tokens,
-        upstream={"eject_after_failures": 2, "eject_s": 0.5, "health_interval_s": 0.1},
+    client = await gateway_for(
+        upstream={"eject_after_failures": 2, "eject_s": 0.5, "health_interval_s": 0.1}
     )
     pool = client.app[BACKENDS]
     spec_upstream.fail_status = 500  # its /health still says OK: only traffic shows the fault
@@ -189,19 +166,11 @@ async def test_the_last_healthy_backend_is_never_ejected(
 
 
 async def test_admission_limit_fails_over_then_answers_429(
-    aiohttp_client: ClientFactory,
-    spec_server: TestServer,
-    base_server: TestServer,
+    gateway_for: GatewayFactory,
     spec_upstream: FakeUpstream,
     base_upstream: FakeUpstream,
-    tokens: TokenCounter,
 ) -> None:
-    client = await gateway_with(
-        aiohttp_client,
-        str(spec_server.make_url("")),
-        str(base_server.make_url("")),
-        tokens,
-    )
+    client = await gateway_for()
     for backend in client.app[BACKENDS]:
         backend.max_inflight = 1
     spec_upstream.chunk_delay_s = base_upstream.chunk_delay_s = 0.2
@@ -255,19 +224,10 @@ async def test_upstream_dying_mid_stream_ends_the_stream_with_an_error_event(
 
 
 async def test_stalled_stream_is_cut_by_the_read_timeout(
-    aiohttp_client: ClientFactory,
-    spec_server: TestServer,
-    base_server: TestServer,
+    gateway_for: GatewayFactory,
     spec_upstream: FakeUpstream,
-    tokens: TokenCounter,
 ) -> None:
-    client = await gateway_with(
-        aiohttp_client,
-        str(spec_server.make_url("")),
-        str(base_server.make_url("")),
-        tokens,
-        upstream={"read_timeout_s": 0.3},
-    )
+    client = await gateway_for(upstream={"read_timeout_s": 0.3})
     spec_upstream.stall_after = 2
     resp = await client.post("/v1/chat/completions", json=chat("hi", stream=True), headers=SPEC)
     events = [e for e in (await resp.read()).split(b"\n\n") if e]
