@@ -1,6 +1,18 @@
-# shellcheck shell=bash disable=SC2154  # run_dir, timeout_s: set by the caller
+# shellcheck shell=bash disable=SC2154  # run_dir, timeout_s, here, started: the caller's
 # Shared by deploy/cpu/up.sh and deploy/gpu/launch.sh (sourced, not run).
-# Needs from the caller: run_dir, timeout_s and a log() function.
+# Needs from the caller: run_dir, timeout_s, here (its own folder, with a
+# down.sh), a started array and a log() function.
+
+# cleanup_on_error: an EXIT trap that stops what was started when the script
+# fails, so a half-started pair never outlives it.
+cleanup_on_error() {
+    local rc=$?
+    if [[ $rc -ne 0 && ${#started[@]} -gt 0 ]]; then
+        log "stopping what was started"
+        bash "$here/down.sh" --run-dir "$run_dir" || true
+    fi
+    exit "$rc"
+}
 
 # wait_ready NAME BASE_URL [POLL_S]: polls BASE_URL/v1/models until it answers
 # 200; fails with the log's tail if the server exits or times out first.

@@ -114,14 +114,6 @@ fi
 log "LD_PRELOAD for the servers: ${preload:-<none>}"
 
 started=()
-cleanup_on_error() {
-    local rc=$?
-    if [[ $rc -ne 0 && ${#started[@]} -gt 0 ]]; then
-        log "stopping what was started"
-        bash "$here/down.sh" --run-dir "$run_dir" || true
-    fi
-    exit "$rc"
-}
 trap cleanup_on_error EXIT
 trap 'exit 130' INT TERM
 

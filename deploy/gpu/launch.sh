@@ -170,14 +170,6 @@ done
 rm -f "$run_dir/backends"
 
 started=()
-cleanup_on_error() {
-    local rc=$?
-    if [[ $rc -ne 0 && ${#started[@]} -gt 0 ]]; then
-        log "stopping what was started"
-        bash "$here/down.sh" --run-dir "$run_dir" || true
-    fi
-    exit "$rc"
-}
 trap cleanup_on_error EXIT
 trap 'exit 130' INT TERM
 
