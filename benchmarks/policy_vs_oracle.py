@@ -8,8 +8,11 @@ for each concurrency: the same mixed request set (structured, SQL, code,
 creative, RAG, chat) is sent through gateways running the cost model, the
 rules, and each static route; each request's better time of the two static
 routes is the oracle. The two emulated servers share one emulated GPU, as in
-production, so at concurrency > 1 the oracle is a reference, not a bound:
-splitting load changes both servers' batches. Printed: mean e2e of
+production, so at concurrency > 1 the oracle is a reference, not a bound: it
+times each request with the whole GPU given to one route, and any routing that
+keeps both servers busy pays two weight reads per round instead of one (see
+classifier/consolidation.py; under load the cost model keeps the batch on one
+server and can only track the better static route). Printed: mean e2e of
 each as a ratio to the oracle, from one run. The cost-model gateway starts
 with a deliberately wrong acceptance prior for code (0.2; the emulator's truth
 is 0.75), so code is first routed to the baseline and only exploration can

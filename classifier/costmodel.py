@@ -12,14 +12,22 @@ once per finished request. Order of a decision:
    ("kv-pressure") or its batch at the limit ("spec-busy") -> baseline, as in
    RulesPolicy. These are the cases where speculation can hurt everyone on
    that server, so they are not left to a model that might be wrong.
-2. the smaller prediction: "spec-predicted-faster" / "baseline-predicted-faster".
-3. exploration: with probability explore_share, and never beyond that share
+2. both servers on one busy GPU (shared_gpu, and a request in flight on
+   either): the whole batch belongs on one server, the ConsolidationTarget
+   ("consolidate"); waking the idle one is allowed only where the model says
+   it pays, this request's gain against every step it adds to the others.
+   While the other server still holds requests, nothing goes there: it drains.
+3. otherwise (an idle GPU, or servers on separate GPUs) the smaller
+   prediction: "spec-predicted-faster" / "baseline-predicted-faster".
+4. exploration: with probability explore_share, and never beyond that share
    of all decisions so far (plus a burst of 5), the predicted-slower route
    instead ("explore").
-   Only where safe: not under a guard, both backends healthy, and the slower
-   route predicted at most explore_max_slowdown times the faster. Without it a
-   workload whose prior says "baseline" would never show its acceptance.
-4. unhealthy fallback, as RulesPolicy.
+   Only where safe: not under a guard, both backends healthy, the slower
+   route predicted at most explore_max_slowdown times the faster, and (one
+   GPU) only while it is idle, since waking the other server under load slows
+   every request in flight. Without it a workload whose prior says
+   "baseline" would never show its acceptance.
+5. unhealthy fallback, as RulesPolicy.
 
 Randomness comes only from the policy's own random.Random(seed), so the same
 seed and the same calls give the same decisions. Not thread-safe: the gateway
@@ -34,6 +42,7 @@ from dataclasses import dataclass, field
 
 from classifier.acceptance import AcceptanceEstimator, AcceptancePriors
 from classifier.acceptance_model import AcceptanceModel
+from classifier.consolidation import ConsolidationTarget
 from classifier.features import RequestFeatures, Workload
 from classifier.latency import LatencyModel, LatencyParameters, LatencyPriors
 from classifier.output_length import OutputLengthModel
@@ -54,6 +63,7 @@ COST_MODEL_REASONS = (
     "spec-busy",
     "spec-predicted-faster",
     "baseline-predicted-faster",
+    "consolidate",
     "explore",
     "unhealthy-fallback",
 )
@@ -84,12 +94,17 @@ class CostModelConfig:
     # Route on the total latency a choice causes (this request's plus what it
     # adds to the requests in flight), not on this request's alone.
     account_for_others: bool = True
+    # One GPU under load: the target server changes only when the other's mix
+    # latency is this much smaller (and the other has drained).
+    consolidate_margin: float = 0.05
     latency: LatencyPriors = field(default_factory=LatencyPriors)
     acceptance: AcceptancePriors = field(default_factory=AcceptancePriors)
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1 or not self.draft_cost_ratio >= 0:
             raise ValueError("cost model: need num_speculative_tokens >= 1, draft_cost_ratio >= 0")
+        if not 0.0 <= self.consolidate_margin < 1.0:
+            raise ValueError("cost model: need 0 <= consolidate_margin < 1")
         if not 0.0 <= self.explore_share <= 0.5 or not self.explore_max_slowdown >= 1.0:
             raise ValueError(
                 "cost model: need 0 <= explore_share <= 0.5, explore_max_slowdown >= 1"
@@ -153,6 +168,7 @@ class CostModelPolicy:
     __slots__ = (
         "_acceptance",
         "_config",
+        "_consolidation",
         "_decisions",
         "_errors",
         "_explored",
@@ -169,6 +185,7 @@ class CostModelPolicy:
         self._latency = LatencyModel(config.latency, k, config.draft_cost_ratio)
         self._acceptance = AcceptanceEstimator(config.acceptance, k, model)
         self._outputs = OutputLengthModel()
+        self._consolidation = ConsolidationTarget(config.consolidate_margin)
         self._rng = random.Random(config.seed)
         self._decisions = 0
         self._explored = 0
@@ -217,11 +234,15 @@ class CostModelPolicy:
         self._decisions += 1
         loads = self._loads(features, state)
         predicted = self._predict(features, loads)
+        inflight = {SPEC: state.speculative.inflight, BASE: state.baseline.inflight}
+        gpu_busy = cfg.shared_gpu and (inflight[SPEC] > 0 or inflight[BASE] > 0)
         spec = state.speculative
         if spec.kv_cache_usage is not None and spec.kv_cache_usage >= cfg.spec_max_kv_usage:
             route, reason = BASE, "kv-pressure"
         elif max(spec.inflight, spec.running or 0) >= cfg.spec_max_inflight:
             route, reason = BASE, "spec-busy"
+        elif gpu_busy:
+            route, reason = self._consolidate(predicted, loads, inflight)
         else:
             cost = self._cost(predicted, loads)
             route = SPEC if cost[SPEC] < cost[BASE] else BASE
@@ -231,6 +252,21 @@ class CostModelPolicy:
         if not state.of(route).healthy and state.of(route.other).healthy:
             return Decision(route.other, "unhealthy-fallback", predicted)
         return Decision(route, reason, predicted)
+
+    def _consolidate(
+        self, predicted: dict[Route, float], loads: dict[Route, _Load], inflight: dict[Route, int]
+    ) -> tuple[Route, str]:
+        """One GPU with requests in flight: keep the batch on the target server."""
+        cfg = self._config
+        total = inflight[SPEC] + inflight[BASE] + 1
+        allowed = frozenset((SPEC, BASE) if total <= cfg.spec_max_inflight else (BASE,))
+        target = self._consolidation.update(inflight, allowed)
+        if inflight[target.other] > 0:
+            return target, "consolidate"  # the other server drains first
+        cost = self._cost(predicted, loads)
+        if cost[target.other] < cost[target]:
+            return target.other, _FASTER[target.other]
+        return target, "consolidate"
 
     def _cost(self, predicted: dict[Route, float], loads: dict[Route, _Load]) -> dict[Route, float]:
         """What a route costs all requests together: this one's latency plus what it adds
@@ -286,6 +322,13 @@ class CostModelPolicy:
             other_batch=obs.other_batch if self._config.shared_gpu else 0,
         )
         self._outputs.observe(f, obs.completion_tokens)
+        if (
+            self._config.shared_gpu
+            and obs.other_batch == 0
+            and obs.route is self._consolidation.route
+        ):
+            size = self._latency.predict(BASE, f.prompt_tokens, per_seq, 1.0)
+            self._consolidation.observed(obs.route, obs.batch, obs.duration_s, size)
         if obs.predicted_s is not None and math.isfinite(obs.predicted_s):
             error = abs(obs.predicted_s - obs.duration_s) / obs.duration_s
             old = self._errors.get(obs.route)
@@ -308,6 +351,10 @@ class CostModelPolicy:
     def prediction_error(self) -> dict[Route, float]:
         """Recent mean |predicted - measured| / measured per route (routes with data only)."""
         return dict(self._errors)
+
+    def consolidation_trials(self) -> int:
+        """How often the busy-GPU target was switched to try the other server."""
+        return self._consolidation.trials
 
     def explore_counts(self) -> tuple[int, int]:
         """(explored, decided) since start."""

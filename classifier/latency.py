@@ -93,6 +93,7 @@ class RouteFit:
 
     __slots__ = (
         "_a",
+        "_anchor",
         "_b",
         "_clip_scale",
         "_decay",
@@ -118,6 +119,8 @@ class RouteFit:
         # Plain floats: the decision path reads these, and numpy scalars are slow.
         self.rates: tuple[float, ...] = tuple(float(v) for v in prior)
         self._solved = self.rates  # this route's own fit, before any borrowing
+        # The other route's multipliers when this one was last fitted (None: never).
+        self._anchor: tuple[float, ...] | None = None
         # Own observations, fading as the other route is observed instead: a
         # route the policy stopped choosing gradually leans on the other again.
         self.recent = 0.0
@@ -133,21 +136,35 @@ class RouteFit:
     def borrow(self, other: RouteFit, weight: float) -> None:
         """Lean on the other route's fit while this one has seen little traffic.
 
-        Both routes run the same model on the same hardware, so when the
-        observed route turns out k times slower or faster than its prior, the
-        unobserved one most likely is too. Without this, a route the policy
-        stopped choosing keeps its prior forever and the comparison is between
-        a fitted number and a guess (exploration alone is too rare to fix it).
+        Both routes run the same model on the same hardware, so what moved the
+        observed route since this one was last measured most likely moved this
+        one too: a starved route keeps its own measured rates, times the other
+        route's drift since then (never measured: its prior, times the other's
+        multipliers). Keeping the measured ratio between the routes matters:
+        without it a route the policy stopped choosing drifts back to prior x
+        the other's multipliers, and the prior's ratio of a speculative to a
+        plain step is a guess (Leviathan's 1 + k*c leaves out the verify
+        compute and the sampler), so the comparison would be between a fitted
+        number and that guess.
         """
         own = min(1.0, self.recent / weight)
         if own >= 1.0:
             self.rates = self._solved
             return
-        mine, theirs = self.multipliers(), other.multipliers()
+        theirs = other.multipliers()
+        if self._anchor is None:
+            borrowed = tuple(float(p) * t for p, t in zip(self._prior, theirs, strict=True))
+        else:
+            borrowed = tuple(
+                r * t / a for r, t, a in zip(self._solved, theirs, self._anchor, strict=True)
+            )
         self.rates = tuple(
-            float(p) * (own * m + (1.0 - own) * t)
-            for p, m, t in zip(self._prior, mine, theirs, strict=True)
+            own * r + (1.0 - own) * b for r, b in zip(self._solved, borrowed, strict=True)
         )
+
+    def anchor(self, other: RouteFit) -> None:
+        """Remember the other route's state: this route's rates were just measured."""
+        self._anchor = other.multipliers()
 
     def add(self, x: tuple[float, ...], y: float) -> None:
         """Fit one row: y seconds were spent on the cost terms x (same order as the rates)."""
@@ -290,6 +307,7 @@ class LatencyModel:
             own = max(duration_s - waited, 0.1 * duration_s)
             fit.add((1.0, prompt_tokens, steps, steps * batch, waiting), own)
         other = self._fits[route.other]
+        fit.anchor(other)
         other.recent *= _FADE
         for thin, rich in ((fit, other), (other, fit)):
             thin.borrow(rich, _BORROW_WEIGHT)

@@ -273,3 +273,21 @@ def test_odd_observations_are_ignored_or_survived() -> None:
 def test_config_is_validated(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="cost model"):
         CostModelConfig(**bad)
+
+
+def test_on_a_busy_shared_gpu_the_batch_stays_on_one_server() -> None:
+    """Creative alone would go to baseline; with 5 requests on the speculative server
+    and one GPU, waking the baseline would slow all of them: it joins them."""
+    loaded = spec_state(inflight=5)
+    d = policy().decide(CREATIVE, loaded)
+    assert (d.route, d.reason) == (SPEC, "consolidate")
+    d = policy(shared_gpu=False).decide(CREATIVE, loaded)  # two GPUs: its own best
+    assert (d.route, d.reason) == (BASE, "baseline-predicted-faster")
+    assert policy().decide(CREATIVE, IDLE).route is BASE  # an idle GPU: its own best
+
+
+def test_no_exploration_while_the_shared_gpu_is_busy() -> None:
+    p = policy(explore_share=0.5)
+    loaded = LiveState(BackendState(inflight=3), BackendState())
+    assert all(p.decide(CHAT, loaded).reason != "explore" for _ in range(200))
+    assert any(p.decide(CHAT, IDLE).reason == "explore" for _ in range(200))

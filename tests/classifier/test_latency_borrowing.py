@@ -57,3 +57,31 @@ def test_a_route_with_its_own_traffic_stands_on_its_own_fit() -> None:
     at_prior = model.predict(Route.SPECULATIVE, 100, 50, 1)
     _observe_baseline(model, 200, slowdown=0.5)
     assert model.predict(Route.SPECULATIVE, 100, 50, 1) == pytest.approx(at_prior, rel=0.05)
+
+
+def test_a_starved_route_keeps_its_measured_ratio_to_the_other() -> None:
+    """Speculative steps measured at 3x baseline's (the prior says 1.8x); when only the
+    baseline is observed afterwards and turns out 2x slower, speculative follows that
+    drift from ITS measurement, not from its prior."""
+    model = LatencyModel(LatencyPriors(), num_speculative_tokens=4, draft_cost_ratio=0.2)
+    priors = LatencyPriors()
+    base_step = priors.step_base_s + priors.step_per_seq_s
+    for _ in range(100):
+        for route, step in ((Route.BASELINE, base_step), (Route.SPECULATIVE, 3 * base_step)):
+            model.observe(
+                route,
+                prompt_tokens=100,
+                output_tokens=51,
+                batch=1,
+                waiting=0,
+                tokens_per_step=1.0,
+                duration_s=0.05 + 50 * step,
+                ttft_s=0.05,
+            )
+    before = model.predict(Route.SPECULATIVE, 100, 51, 1) / model.predict(
+        Route.BASELINE, 100, 51, 1
+    )
+    _observe_baseline(model, 400, slowdown=2.0)
+    after = model.predict(Route.SPECULATIVE, 100, 51, 1) / model.predict(Route.BASELINE, 100, 51, 1)
+    assert before > 2.0
+    assert after == pytest.approx(before, rel=0.15)

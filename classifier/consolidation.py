@@ -1,0 +1,165 @@
+"""Which ONE server should carry the load while both share a busy GPU.
+
+Two vLLM servers on one GPU take turns on it: while both have requests, each
+step of one waits for a step of the other, and every round reads the weights
+twice. Two half batches therefore cost far more than one full batch, so once
+the GPU is busy, sending each request to the route that would suit it alone
+(structured to speculative, creative to baseline) makes everyone slower than
+either static route. Under load the choice that matters is which server
+carries the whole batch.
+
+That choice is measured, not predicted: at a given load the two candidates
+differ by a few per cent to a few tens of per cent, and the latency model's
+fit (one step cost per batch size, prefills of the neighbours folded in) is
+not that precise at a batch it has seen only on one route. So per route and
+per load (batches of the same power of two share a bucket) this keeps the
+measured latency per unit of work: sum of e2e over sum of each request's size,
+its latency alone on an idle GPU as the model predicts it, so a window that
+happened to hold long requests does not count against its route. Only
+requests sent while the other server was idle and finished while their route
+was still the target count: the others ran beside a split and measure that,
+not the route. Measurements decay, so the first completions after a switch,
+which are the short requests, weigh little by the time a trial is judged.
+
+A route not measured at this load for retry_after decisions gets a trial: the
+target switches to it for trial_length decisions, after which the smaller
+measured latency per unit of work wins, by a margin against flapping and no
+sooner than `dwell` decisions after the last switch made on measurements. The
+target changes only while the other server is idle (switching while both hold
+requests is the split this exists to avoid); the old one then drains.
+
+Pure and deterministic, like the rest of classifier/.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from classifier.policy import Route
+
+__all__ = ["ConsolidationTarget"]
+
+_DECAY = 0.98  # per measurement of that route at that load: about the last 50 requests
+
+
+@dataclass(slots=True)
+class _Measured:
+    latency_s: float = 0.0  # decayed sums
+    size_s: float = 0.0
+    last: int = 0  # decision count at the latest measurement
+
+    def per_unit(self) -> float:
+        return self.latency_s / self.size_s
+
+
+class ConsolidationTarget:
+    """The route the whole batch goes to while the shared GPU is busy."""
+
+    __slots__ = (
+        "_decisions",
+        "_draining",
+        "_dwell",
+        "_hold_until",
+        "_margin",
+        "_measured",
+        "_retry_after",
+        "_switched_at",
+        "_target",
+        "_trial_length",
+        "trials",
+    )
+
+    def __init__(
+        self,
+        margin: float = 0.05,
+        *,
+        retry_after: int = 400,
+        trial_length: int = 64,
+        dwell: int = 100,
+        initial: Route = Route.BASELINE,
+    ) -> None:
+        if not (0.0 <= margin < 1.0 and retry_after >= 1 and trial_length >= 1):
+            raise ValueError(
+                "consolidation: need 0 <= margin < 1, retry_after >= 1, trial_length >= 1"
+            )
+        self._margin = margin
+        self._retry_after = retry_after
+        self._trial_length = trial_length
+        self._decisions = 0
+        self._hold_until = 0
+        self._draining = False
+        # After a switch on measurements, the next measurements are of short
+        # requests (they finish first) and of the drain: judging on them would
+        # flap. Stay at least `dwell` decisions (trials are held by trial_length).
+        self._switched_at = -dwell
+        self._dwell = dwell
+        self._measured: dict[tuple[Route, int], _Measured] = {}
+        self._target = initial
+        self.trials = 0
+
+    @property
+    def route(self) -> Route:
+        return self._target
+
+    def observed(self, route: Route, batch: int, latency_s: float, size_s: float) -> None:
+        """A request sent to `route` into a batch of `batch` (the other server idle) finished.
+
+        size_s: its latency alone on an idle GPU, as predicted (the unit of work).
+        """
+        if not (latency_s > 0 and size_s > 0 and math.isfinite(latency_s + size_s)):
+            return
+        m = self._measured.setdefault((route, _octave(batch)), _Measured())
+        m.latency_s = _DECAY * m.latency_s + latency_s
+        m.size_s = _DECAY * m.size_s + size_s
+        m.last = self._decisions
+
+    def per_unit(self, route: Route, batch: int) -> float | None:
+        """Measured latency per unit of work on `route` at this load (None: never measured)."""
+        m = self._measured.get((route, _octave(batch)))
+        return m.per_unit() if m else None
+
+    def update(self, inflight: Mapping[Route, int], allowed: frozenset[Route]) -> Route:
+        """Re-choose the target for a request arriving now; call once per decision under load.
+
+        inflight: requests on each route now (not counting this one).
+        allowed: the routes that may carry the batch now (a guard can rule one out).
+        """
+        self._decisions += 1
+        batch = inflight[Route.SPECULATIVE] + inflight[Route.BASELINE] + 1
+        target, other = self._target, self._target.other
+        if target not in allowed:
+            if other in allowed:
+                self._switch(0)
+            return self._target
+        if inflight[other] == 0:
+            self._draining = False
+        elif not self._draining:
+            if inflight[target] == 0:
+                self._target = other  # the load is there already (no switch of ours): follow it
+            return self._target
+        if self._decisions < self._hold_until or self._draining or other not in allowed:
+            return self._target
+        theirs = self._measured.get((other, _octave(batch)))
+        if theirs is None or self._decisions - theirs.last > self._retry_after:
+            self._switch(self._trial_length)
+            self.trials += 1
+            return self._target
+        if self._decisions - self._switched_at < self._dwell:
+            return self._target
+        mine = self._measured.get((target, _octave(batch)))
+        if mine is not None and theirs.per_unit() < (1.0 - self._margin) * mine.per_unit():
+            self._switch(0)
+            self._switched_at = self._decisions
+        return self._target
+
+    def _switch(self, hold: int) -> None:
+        self._target = self._target.other
+        self._hold_until = self._decisions + hold
+        self._draining = True  # until the old target is seen idle
+
+
+def _octave(batch: int) -> int:
+    """Loads of the same power of two share measurements (1; 2-3; 4-7; ...)."""
+    return int(math.log2(max(batch, 1)))

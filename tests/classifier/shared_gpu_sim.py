@@ -1,0 +1,266 @@
+"""Two engines on ONE GPU, step by step, in virtual time (a test helper, not a test).
+
+The emulator's timing (gateway/emulator/costs.py: the same step costs, the same
+chunked-prefill budget, the same position-by-position draft acceptance) without
+its wall clock, so a router can be run over thousands of requests at any
+concurrency in seconds. As with the emulator's SharedGpu, the two engines take
+turns on the GPU: while both have work, every step of one waits for a step of
+the other. That is the deployment (deploy/gpu/launch.sh) and the reason a
+router cannot simply send each request to the route that would be faster on
+an otherwise idle GPU: two half-full batches cost two weight reads per round
+where one full batch costs one.
+
+The requests are the built-in workloads' own bodies (gateway/workloads.py),
+featurised by the gateway's extractor; each one's true acceptance is the
+emulator's (gateway/emulator/acceptance.py). Run it for a table:
+
+    .venv/bin/python tests/classifier/shared_gpu_sim.py
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from classifier import BackendState, Decision, Endpoint, LiveState, RequestFeatures, Route
+from classifier.costmodel import CostModelConfig, CostModelPolicy, Observation, send_batch
+from classifier.features import extract_features
+from classifier.tokens import TokenCounter, load_tiktoken_counter
+from gateway.emulator.acceptance import classify, draw_accepted, request_acceptance
+from gateway.emulator.config import EmulatorConfig
+from gateway.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
+from gateway.workloads import build
+
+SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
+MIXED = ["structured", "sql", "code", "creative", "rag", "chat"]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One request: what the router sees, and what the engine will do with it."""
+
+    workload: str
+    features: RequestFeatures
+    output_tokens: int
+    acceptance: float  # per draft position, this request's truth
+    seed: int
+
+
+def jobs(
+    count_per_workload: int,
+    *,
+    seed: int = 0,
+    names: Sequence[str] = MIXED,
+    counter: TokenCounter | None = None,
+    emulator: EmulatorConfig | None = None,
+) -> list[Job]:
+    """The built-in workloads' requests, interleaved, with the emulator's truths."""
+    counter = counter or load_tiktoken_counter()
+    c = emulator or EmulatorConfig(mode="speculative")
+    rng = random.Random(seed)
+    out: list[Job] = []
+    for request in build(list(names), count_per_workload, seed=seed):
+        body = request.body
+        f = extract_features(body, Endpoint.CHAT, counter)
+        text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        kind = classify(structured="response_format" in body, prompt_text=text)
+        a = request_acceptance(c, kind, float(body.get("temperature", 1.0)), rng)
+        natural = rng.randint(c.text_min_tokens, c.text_max_tokens)
+        out_tokens = min(natural, int(body.get("max_tokens") or natural))
+        out.append(Job(request.workload, f, out_tokens, a, rng.getrandbits(32)))
+    return out
+
+
+class Router(Protocol):
+    def decide(self, features: RequestFeatures, state: LiveState) -> Decision: ...
+
+
+@dataclass(slots=True)
+class Served:
+    job: Job
+    route: Route
+    reason: str
+    predicted_s: float | None
+    duration_s: float = 0.0
+
+
+class _Running:
+    __slots__ = ("accepted", "batch", "drafted", "first_at", "generated", "index", "job", "other")
+    __slots__ += ("prefilled", "rng", "route", "sent_at")
+
+    def __init__(self, index: int, job: Job, route: Route, now: float, batch: int, other: int):
+        self.index, self.job, self.route, self.sent_at = index, job, route, now
+        self.batch, self.other = batch, other
+        self.prefilled = self.generated = self.drafted = self.accepted = 0
+        self.first_at: float | None = None
+        self.rng = random.Random(job.seed)
+
+
+def simulate(
+    router: Router,
+    requests: Sequence[Job],
+    concurrency: int,
+    *,
+    emulator: EmulatorConfig | None = None,
+    shared_gpu: bool = True,
+) -> list[Served]:
+    """A closed loop of `concurrency` clients; a router with observe() learns as it goes.
+
+    shared_gpu=False gives each engine its own GPU (steps overlap in time).
+    """
+    c = emulator or EmulatorConfig(mode="speculative")
+    k = c.num_speculative_tokens
+    observe: Callable[[Observation], None] | None = getattr(router, "observe", None)
+    running: dict[Route, list[_Running]] = {SPEC: [], BASE: []}
+    clock = {SPEC: 0.0, BASE: 0.0}  # when each engine's GPU is next free
+    served: list[Served] = []
+    now, sent = 0.0, 0
+
+    def send(at: float) -> None:
+        nonlocal sent
+        job = requests[sent]
+        state = LiveState(
+            BackendState(inflight=len(running[SPEC])), BackendState(inflight=len(running[BASE]))
+        )
+        decision = router.decide(job.features, state)
+        route = decision.route
+        predicted = decision.predicted_s.get(route) if decision.predicted_s else None
+        served.append(Served(job, route, decision.reason, predicted))
+        batch = send_batch(state, route)
+        running[route].append(_Running(sent, job, route, at, batch, len(running[route.other])))
+        clock[route] = max(clock[route], at)
+        sent += 1
+
+    def step(route: Route) -> float:
+        """One engine step of `route` (scheduled as vLLM v1 does); returns its cost in s."""
+        per_decode = k + 1 if route is SPEC else 1
+        budget = c.max_num_batched_tokens
+        decode = [r for r in running[route] if r.prefilled >= r.job.features.prompt_tokens]
+        decode = decode[: budget // per_decode]
+        budget -= len(decode) * per_decode
+        prefill: list[tuple[_Running, int]] = []
+        for r in running[route]:
+            left = r.job.features.prompt_tokens - r.prefilled
+            if left > 0 and budget > 0:
+                prefill.append((r, min(left, budget)))
+                budget -= prefill[-1][1]
+        shape = StepShape(len(decode), sum(chunk for _, chunk in prefill))
+        cost_ms = (speculative_step_ms if route is SPEC else baseline_step_ms)(c, shape)
+        end = clock[route] + cost_ms * c.time_scale / 1000.0
+        for r, chunk in prefill:
+            r.prefilled += chunk
+            if r.prefilled >= r.job.features.prompt_tokens:
+                r.generated, r.first_at = 1, end
+        for r in decode:
+            n = 1
+            if route is SPEC:
+                accepted = draw_accepted(r.job.acceptance, k, r.rng)
+                r.drafted += k
+                r.accepted += accepted
+                n += accepted
+            r.generated += n
+        return end
+
+    for _ in range(min(concurrency, len(requests))):
+        send(0.0)
+    turn = SPEC
+    while running[SPEC] or running[BASE]:
+        busy = [r for r in (turn, turn.other) if running[r]]
+        if shared_gpu:
+            route = busy[0]  # the engines alternate on the one GPU
+            start = max(clock[route], now)
+            clock[route] = start
+            now = step(route)
+            clock[SPEC] = clock[BASE] = now
+            turn = route.other
+        else:
+            route = min(busy, key=clock.__getitem__)
+            now = clock[route] = step(route)
+        for r in [r for r in running[route] if r.generated >= r.job.output_tokens]:
+            running[route].remove(r)
+            done = served[r.index]
+            done.duration_s = now - r.sent_at
+            if observe is not None:
+                observe(_observation(r, done))
+            if sent < len(requests):
+                send(now)
+    return served
+
+
+def _observation(r: _Running, done: Served) -> Observation:
+    return Observation(
+        route=r.route,
+        features=r.job.features,
+        batch=r.batch,
+        waiting=None,
+        ttft_s=(r.first_at - r.sent_at) if r.first_at is not None else None,
+        duration_s=done.duration_s,
+        prompt_tokens=r.job.features.prompt_tokens,
+        completion_tokens=r.generated,
+        acceptance=(r.accepted / r.drafted) if r.route is SPEC and r.drafted else None,
+        predicted_s=done.predicted_s,
+        other_batch=r.other,
+    )
+
+
+class Static:
+    def __init__(self, route: Route) -> None:
+        self.route = route
+
+    def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
+        return Decision(self.route, "static")
+
+
+def mean_latency(served: Sequence[Served]) -> float:
+    return statistics.fmean(s.duration_s for s in served)
+
+
+def oracle_latency(spec: Sequence[Served], base: Sequence[Served]) -> float:
+    """Each request's better time of the two static runs (the benchmark's oracle)."""
+    return statistics.fmean(
+        min(s.duration_s, b.duration_s) for s, b in zip(spec, base, strict=True)
+    )
+
+
+def mape(served: Sequence[Served], route: Route) -> float:
+    """Mean |predicted - measured| / measured on one route (nan if it served nothing)."""
+    errors = [
+        abs(s.predicted_s - s.duration_s) / s.duration_s
+        for s in served
+        if s.route is route and s.predicted_s is not None
+    ]
+    return statistics.fmean(errors) if errors else float("nan")
+
+
+def report(per_workload: int = 150) -> None:
+    """One policy through rising load, as benchmarks/policy_vs_oracle.py runs the emulator."""
+    requests = jobs(per_workload, seed=3)
+    policy = CostModelPolicy(CostModelConfig())
+    print(f"{len(requests)} requests a level, of {', '.join(MIXED)}; ONE GPU (virtual time)")
+    print("mean e2e / the per-request oracle's; 'unaware' routes per request as if on two GPUs")
+    print("conc  cost-model  unaware  all-spec  all-base  | MAPE spec  base | trials")
+    for concurrency in (1, 2, 4, 8, 16, 32):
+        spec = simulate(Static(SPEC), requests, concurrency)
+        base = simulate(Static(BASE), requests, concurrency)
+        best = oracle_latency(spec, base)
+        unaware = simulate(
+            CostModelPolicy(CostModelConfig(shared_gpu=False)), requests, concurrency
+        )
+        ours = simulate(policy, requests, concurrency)
+        ratios = [mean_latency(x) / best for x in (ours, unaware, spec, base)]
+        print(
+            f"{concurrency:>4}  {ratios[0]:10.3f}  {ratios[1]:7.3f}  {ratios[2]:8.3f}  "
+            f"{ratios[3]:8.3f}  | {mape(ours, SPEC):9.3f}  {mape(ours, BASE):4.3f} | "
+            f"{policy.consolidation_trials()}"
+        )
+
+
+if __name__ == "__main__":
+    report()

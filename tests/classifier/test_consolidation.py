@@ -1,0 +1,115 @@
+"""One GPU under load: the batch stays on one server, the one measured faster at that load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from classifier.consolidation import ConsolidationTarget
+from classifier.policy import Route
+
+SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
+BOTH = frozenset((SPEC, BASE))
+
+
+def busy(spec: int, base: int) -> dict[Route, int]:
+    return {SPEC: spec, BASE: base}
+
+
+def measured(target: ConsolidationTarget, route: Route, per_unit: float, batch: int = 8) -> None:
+    for _ in range(20):
+        target.observed(route, batch, latency_s=per_unit, size_s=1.0)
+
+
+def test_follows_load_it_did_not_move_there() -> None:
+    target = ConsolidationTarget(initial=BASE)
+    assert target.update(busy(3, 0), BOTH) is SPEC
+    assert target.trials == 0
+
+
+def test_tries_a_route_unmeasured_at_this_load_then_keeps_the_faster() -> None:
+    target = ConsolidationTarget(trial_length=4, retry_after=100, initial=BASE)
+    measured(target, BASE, 2.0)
+    assert target.update(busy(0, 7), BOTH) is SPEC  # never measured at batch 8: a trial
+    assert target.trials == 1
+    for _ in range(3):  # held for the trial, while the baseline drains
+        assert target.update(busy(2, 5), BOTH) is SPEC
+    measured(target, SPEC, 3.0)
+    assert target.update(busy(7, 0), BOTH) is BASE  # slower: back, once baseline is idle
+    assert target.update(busy(5, 2), BOTH) is BASE  # and the speculative server drains
+    assert target.per_unit(SPEC, 8) == pytest.approx(3.0)
+    assert target.per_unit(BASE, 9) == pytest.approx(2.0)  # same power of two
+
+
+def test_keeps_a_trial_route_that_measures_faster() -> None:
+    target = ConsolidationTarget(trial_length=2, retry_after=100, initial=BASE)
+    measured(target, BASE, 2.0)
+    assert target.update(busy(0, 7), BOTH) is SPEC
+    measured(target, SPEC, 1.5)
+    for _ in range(5):
+        assert target.update(busy(7, 0), BOTH) is SPEC
+
+
+def test_a_margin_keeps_it_from_flapping() -> None:
+    target = ConsolidationTarget(margin=0.05, retry_after=100, initial=SPEC)
+    measured(target, SPEC, 2.0)
+    measured(target, BASE, 1.95)  # 2.5% better: not enough to move the batch
+    assert target.update(busy(7, 0), BOTH) is SPEC
+    for _ in range(20):
+        target.observed(BASE, 8, latency_s=1.7, size_s=1.0)  # now clearly better
+    assert target.update(busy(7, 0), BOTH) is BASE
+
+
+def test_never_switches_while_the_old_target_still_holds_requests() -> None:
+    target = ConsolidationTarget(trial_length=1, retry_after=100, initial=BASE)
+    measured(target, BASE, 2.0)
+    target.update(busy(0, 7), BOTH)  # trial: SPEC, baseline draining
+    measured(target, SPEC, 4.0)  # far slower, but baseline still holds requests
+    for _ in range(10):
+        assert target.update(busy(3, 4), BOTH) is SPEC
+    assert target.update(busy(7, 0), BOTH) is BASE
+
+
+def test_retries_a_route_not_measured_for_a_while() -> None:
+    target = ConsolidationTarget(trial_length=1, retry_after=10, initial=BASE)
+    measured(target, BASE, 2.0)
+    target.update(busy(0, 7), BOTH)  # trial of SPEC
+    measured(target, SPEC, 4.0)
+    assert target.update(busy(7, 0), BOTH) is BASE
+    routes = [target.update(busy(0, 7), BOTH) for _ in range(12)]
+    measured(target, BASE, 2.0)  # baseline keeps being measured; SPEC's is now stale
+    assert SPEC in routes and target.trials == 2
+
+
+def test_each_load_is_measured_on_its_own() -> None:
+    target = ConsolidationTarget(trial_length=1, retry_after=100, initial=BASE)
+    measured(target, BASE, 2.0, batch=8)
+    measured(target, SPEC, 4.0, batch=8)
+    assert target.update(busy(0, 7), BOTH) is BASE  # batch 8: both known, baseline faster
+    assert target.update(busy(0, 31), BOTH) is SPEC  # batch 32: speculative never tried there
+    assert target.per_unit(SPEC, 32) is None
+
+
+def test_a_route_a_guard_rules_out_never_carries_the_batch() -> None:
+    target = ConsolidationTarget(initial=SPEC)
+    assert target.update(busy(20, 0), frozenset((BASE,))) is BASE
+    for _ in range(3):  # no trial of the ruled-out route either
+        assert target.update(busy(10, 10), frozenset((BASE,))) is BASE
+        assert target.update(busy(0, 20), frozenset((BASE,))) is BASE
+    assert target.trials == 0
+
+
+def test_odd_measurements_are_ignored() -> None:
+    target = ConsolidationTarget()
+    for latency, size in ((0.0, 1.0), (1.0, 0.0), (float("nan"), 1.0), (float("inf"), 1.0)):
+        target.observed(SPEC, 8, latency, size)
+    assert target.per_unit(SPEC, 8) is None
+
+
+@pytest.mark.parametrize(
+    "bad", [{"margin": -0.1}, {"margin": 1.0}, {"retry_after": 0}, {"trial_length": 0}]
+)
+def test_config_is_validated(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="consolidation"):
+        ConsolidationTarget(**bad)
