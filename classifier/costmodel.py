@@ -94,8 +94,8 @@ class CostModelConfig:
     # Route on the total latency a choice causes (this request's plus what it
     # adds to the requests in flight), not on this request's alone.
     account_for_others: bool = True
-    # One GPU under load: the target server changes only when the other's mix
-    # latency is this much smaller (and the other has drained).
+    # One GPU under load: the batch moves to the other server only when its
+    # measured latency per unit of work at this load is this much smaller.
     consolidate_margin: float = 0.05
     latency: LatencyPriors = field(default_factory=LatencyPriors)
     acceptance: AcceptancePriors = field(default_factory=AcceptancePriors)

@@ -25,11 +25,18 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from classifier import BackendState, Decision, Endpoint, LiveState, RequestFeatures, Route
+from classifier import (
+    BackendState,
+    Endpoint,
+    LiveState,
+    Policy,
+    RequestFeatures,
+    Route,
+    StaticPolicy,
+)
 from classifier.costmodel import CostModelConfig, CostModelPolicy, Observation, send_batch
 from classifier.features import extract_features
 from classifier.tokens import TokenCounter, load_tiktoken_counter
@@ -78,10 +85,6 @@ def jobs(
     return out
 
 
-class Router(Protocol):
-    def decide(self, features: RequestFeatures, state: LiveState) -> Decision: ...
-
-
 @dataclass(slots=True)
 class Served:
     job: Job
@@ -92,8 +95,20 @@ class Served:
 
 
 class _Running:
-    __slots__ = ("accepted", "batch", "drafted", "first_at", "generated", "index", "job", "other")
-    __slots__ += ("prefilled", "rng", "route", "sent_at")
+    __slots__ = (
+        "accepted",
+        "batch",
+        "drafted",
+        "first_at",
+        "generated",
+        "index",
+        "job",
+        "other",
+        "prefilled",
+        "rng",
+        "route",
+        "sent_at",
+    )
 
     def __init__(self, index: int, job: Job, route: Route, now: float, batch: int, other: int):
         self.index, self.job, self.route, self.sent_at = index, job, route, now
@@ -104,22 +119,17 @@ class _Running:
 
 
 def simulate(
-    router: Router,
+    router: Policy,
     requests: Sequence[Job],
     concurrency: int,
     *,
     emulator: EmulatorConfig | None = None,
-    shared_gpu: bool = True,
 ) -> list[Served]:
-    """A closed loop of `concurrency` clients; a router with observe() learns as it goes.
-
-    shared_gpu=False gives each engine its own GPU (steps overlap in time).
-    """
+    """A closed loop of `concurrency` clients; a router with observe() learns as it goes."""
     c = emulator or EmulatorConfig(mode="speculative")
     k = c.num_speculative_tokens
     observe: Callable[[Observation], None] | None = getattr(router, "observe", None)
     running: dict[Route, list[_Running]] = {SPEC: [], BASE: []}
-    clock = {SPEC: 0.0, BASE: 0.0}  # when each engine's GPU is next free
     served: list[Served] = []
     now, sent = 0.0, 0
 
@@ -135,11 +145,10 @@ def simulate(
         served.append(Served(job, route, decision.reason, predicted))
         batch = send_batch(state, route)
         running[route].append(_Running(sent, job, route, at, batch, len(running[route.other])))
-        clock[route] = max(clock[route], at)
         sent += 1
 
-    def step(route: Route) -> float:
-        """One engine step of `route` (scheduled as vLLM v1 does); returns its cost in s."""
+    def step(route: Route, start: float) -> float:
+        """One engine step of `route` (scheduled as vLLM v1 does) from `start`; returns its end."""
         per_decode = k + 1 if route is SPEC else 1
         budget = c.max_num_batched_tokens
         decode = [r for r in running[route] if r.prefilled >= r.job.features.prompt_tokens]
@@ -153,7 +162,7 @@ def simulate(
                 budget -= prefill[-1][1]
         shape = StepShape(len(decode), sum(chunk for _, chunk in prefill))
         cost_ms = (speculative_step_ms if route is SPEC else baseline_step_ms)(c, shape)
-        end = clock[route] + cost_ms * c.time_scale / 1000.0
+        end = start + cost_ms * c.time_scale / 1000.0
         for r, chunk in prefill:
             r.prefilled += chunk
             if r.prefilled >= r.job.features.prompt_tokens:
@@ -172,17 +181,9 @@ def simulate(
         send(0.0)
     turn = SPEC
     while running[SPEC] or running[BASE]:
-        busy = [r for r in (turn, turn.other) if running[r]]
-        if shared_gpu:
-            route = busy[0]  # the engines alternate on the one GPU
-            start = max(clock[route], now)
-            clock[route] = start
-            now = step(route)
-            clock[SPEC] = clock[BASE] = now
-            turn = route.other
-        else:
-            route = min(busy, key=clock.__getitem__)
-            now = clock[route] = step(route)
+        route = turn if running[turn] else turn.other  # the engines alternate on the one GPU
+        now = step(route, now)
+        turn = route.other
         for r in [r for r in running[route] if r.generated >= r.job.output_tokens]:
             running[route].remove(r)
             done = served[r.index]
@@ -208,14 +209,6 @@ def _observation(r: _Running, done: Served) -> Observation:
         predicted_s=done.predicted_s,
         other_batch=r.other,
     )
-
-
-class Static:
-    def __init__(self, route: Route) -> None:
-        self.route = route
-
-    def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
-        return Decision(self.route, "static")
 
 
 def mean_latency(served: Sequence[Served]) -> float:
@@ -247,8 +240,8 @@ def report(per_workload: int = 150) -> None:
     print("mean e2e / the per-request oracle's; 'unaware' routes per request as if on two GPUs")
     print("conc  cost-model  unaware  all-spec  all-base  | MAPE spec  base | trials")
     for concurrency in (1, 2, 4, 8, 16, 32):
-        spec = simulate(Static(SPEC), requests, concurrency)
-        base = simulate(Static(BASE), requests, concurrency)
+        spec = simulate(StaticPolicy(SPEC), requests, concurrency)
+        base = simulate(StaticPolicy(BASE), requests, concurrency)
         best = oracle_latency(spec, base)
         unaware = simulate(
             CostModelPolicy(CostModelConfig(shared_gpu=False)), requests, concurrency

@@ -8,22 +8,29 @@ from classifier.latency import LatencyModel, LatencyPriors
 from classifier.policy import Route
 
 
+def _streamed(
+    model: LatencyModel, route: Route, prompt: int, out: int, batch: int, ttft: float, decode: float
+) -> None:
+    """One streamed answer with one token per step: ttft, then `decode` seconds more."""
+    model.observe(
+        route,
+        prompt_tokens=prompt,
+        output_tokens=out,
+        batch=batch,
+        waiting=0,
+        tokens_per_step=1.0,
+        duration_s=ttft + decode,
+        ttft_s=ttft,
+    )
+
+
 def _observe_baseline(model: LatencyModel, n: int, slowdown: float) -> None:
     priors = LatencyPriors()
     for i in range(n):
         prompt, out, batch = 100 + 10 * i, 100, 1 + i % 4
         ttft = slowdown * (priors.ttft_base_s + priors.prefill_s_per_token * prompt)
         decode = slowdown * (out - 1) * (priors.step_base_s + priors.step_per_seq_s * batch)
-        model.observe(
-            Route.BASELINE,
-            prompt_tokens=prompt,
-            output_tokens=out,
-            batch=batch,
-            waiting=0,
-            tokens_per_step=1.0,
-            duration_s=ttft + decode,
-            ttft_s=ttft,
-        )
+        _streamed(model, Route.BASELINE, prompt, out, batch, ttft, decode)
 
 
 def test_an_unobserved_route_follows_the_observed_routes_scale() -> None:
@@ -42,18 +49,9 @@ def test_a_route_with_its_own_traffic_stands_on_its_own_fit() -> None:
     model = LatencyModel(LatencyPriors(), num_speculative_tokens=4, draft_cost_ratio=0.2)
     priors = LatencyPriors()
     for _ in range(200):  # the speculative route, exactly at its prior
-        model.observe(
-            Route.SPECULATIVE,
-            prompt_tokens=100,
-            output_tokens=50,
-            batch=1,
-            waiting=0,
-            tokens_per_step=1.0,
-            duration_s=priors.ttft_base_s
-            + priors.prefill_s_per_token * 100
-            + 49 * (priors.step_base_s + priors.step_per_seq_s) * 1.8,
-            ttft_s=priors.ttft_base_s + priors.prefill_s_per_token * 100,
-        )
+        ttft = priors.ttft_base_s + priors.prefill_s_per_token * 100
+        decode = 49 * (priors.step_base_s + priors.step_per_seq_s) * 1.8
+        _streamed(model, Route.SPECULATIVE, 100, 50, 1, ttft, decode)
     at_prior = model.predict(Route.SPECULATIVE, 100, 50, 1)
     _observe_baseline(model, 200, slowdown=0.5)
     assert model.predict(Route.SPECULATIVE, 100, 50, 1) == pytest.approx(at_prior, rel=0.05)
@@ -68,16 +66,7 @@ def test_a_starved_route_keeps_its_measured_ratio_to_the_other() -> None:
     base_step = priors.step_base_s + priors.step_per_seq_s
     for _ in range(100):
         for route, step in ((Route.BASELINE, base_step), (Route.SPECULATIVE, 3 * base_step)):
-            model.observe(
-                route,
-                prompt_tokens=100,
-                output_tokens=51,
-                batch=1,
-                waiting=0,
-                tokens_per_step=1.0,
-                duration_s=0.05 + 50 * step,
-                ttft_s=0.05,
-            )
+            _streamed(model, route, 100, 51, 1, 0.05, 50 * step)
     before = model.predict(Route.SPECULATIVE, 100, 51, 1) / model.predict(
         Route.BASELINE, 100, 51, 1
     )
