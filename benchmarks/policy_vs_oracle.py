@@ -28,6 +28,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ TRUTH = {"structured": 0.80, "code": 0.75, "chat": 0.3775, "creative": 0.25, "lo
 class Sent:
     e2e_s: float
     route: str | None
+    reason: str | None
     predicted_s: float | None  # for the route taken
 
 
@@ -68,7 +70,12 @@ async def send(session: aiohttp.ClientSession, url: str, request: Request) -> Se
     predicted = None
     if route and (header := resp.headers.get("x-specroute-predicted")):
         predicted = dict(part.split("=") for part in header.split(";")).get(route)
-    return Sent(time.perf_counter() - started, route, float(predicted) if predicted else None)
+    return Sent(
+        time.perf_counter() - started,
+        route,
+        resp.headers.get("x-specroute-reason"),
+        float(predicted) if predicted else None,
+    )
 
 
 async def closed_loop(url: str, requests: list[Request], concurrency: int) -> list[Sent]:
@@ -117,6 +124,8 @@ async def main(smoke: bool, only: tuple[int, ...] = ()) -> int:
             gateways[policy] = url
         try:
             predictions: list[tuple[str, float, float]] = []
+            tallies: dict[int, Counter[str]] = {}
+            cost_model_sent: list[Sent] = []
             for level in levels:
                 requests = build(names, per_workload * max(1, level // 4), model=MODEL, seed=level)
                 # The cost model learns all the time; give it this level's load first.
@@ -132,6 +141,7 @@ async def main(smoke: bool, only: tuple[int, ...] = ()) -> int:
                     sent = await closed_loop(gateways[policy], requests, level)
                     row[policy] = statistics.fmean(s.e2e_s for s in sent) / oracle
                     if policy == "cost-model":
+                        cost_model_sent = sent
                         predictions += [
                             (s.route, s.predicted_s, s.e2e_s)
                             for s in sent
@@ -143,12 +153,16 @@ async def main(smoke: bool, only: tuple[int, ...] = ()) -> int:
                     + "".join(f"{row[p]:>19.3f}" for p in POLICIES),
                     flush=True,
                 )
+                tallies[level] = Counter(f"{s.route}/{s.reason}" for s in cost_model_sent)
             policy_obj = next(iter(runners)).app[RUNTIME].current.policy
             estimates = policy_obj.estimated_acceptance()  # type: ignore[attr-defined]
             explored, decided = policy_obj.explore_counts()  # type: ignore[attr-defined]
         finally:
             for runner in runners:
                 await runner.cleanup()
+    print("\ncost model's routes/reasons in the measured window:")
+    for level, tally in tallies.items():
+        print(f"  {level:>3}: " + ", ".join(f"{k} {n}" for k, n in tally.most_common()))
     print("\ncost model's latency predictions vs measured (MAPE, all levels):")
     for route in ("speculative", "baseline"):
         errors = [abs(p - m) / m for r, p, m in predictions if r == route]

@@ -12,7 +12,8 @@ That choice is measured, not predicted: at a given load the two candidates
 differ by a few per cent to a few tens of per cent, and the latency model's
 fit (one step cost per batch size, prefills of the neighbours folded in) is
 not that precise at a batch it has seen only on one route. So per route and
-per load (batches of the same power of two share a bucket) this keeps the
+per load (loads within a factor of sqrt 2 of the same power of two share a
+bucket: 6-11 with 8) this keeps the
 measured latency per unit of work: sum of e2e over sum of each request's size,
 its latency alone on an idle GPU as the model predicts it, so a window that
 happened to hold long requests does not count against its route. Only
@@ -42,12 +43,18 @@ from classifier.policy import Route
 __all__ = ["ConsolidationTarget"]
 
 _DECAY = 0.98  # per measurement of that route at that load: about the last 50 requests
+# Single requests' latency per unit of work scatter by tens of per cent (where
+# in the batch they land, whose prefill shares their steps); a route is judged
+# on at least this many (decayed) requests. A trial yields about that many.
+_MIN_SAMPLES = 16.0
+_LOAD_SMOOTHING = 0.1  # per decision under load
 
 
 @dataclass(slots=True)
 class _Measured:
     latency_s: float = 0.0  # decayed sums
     size_s: float = 0.0
+    count: float = 0.0
     last: int = 0  # decision count at the latest measurement
 
     def per_unit(self) -> float:
@@ -62,6 +69,7 @@ class ConsolidationTarget:
         "_draining",
         "_dwell",
         "_hold_until",
+        "_load",
         "_margin",
         "_measured",
         "_retry_after",
@@ -75,7 +83,7 @@ class ConsolidationTarget:
         self,
         margin: float = 0.05,
         *,
-        retry_after: int = 400,
+        retry_after: int = 2000,
         trial_length: int = 64,
         dwell: int = 100,
         initial: Route = Route.BASELINE,
@@ -97,6 +105,7 @@ class ConsolidationTarget:
         self._dwell = dwell
         self._measured: dict[tuple[Route, int], _Measured] = {}
         self._target = initial
+        self._load = 0.0  # 0: no decision under load yet
         self.trials = 0
 
     @property
@@ -113,6 +122,7 @@ class ConsolidationTarget:
         m = self._measured.setdefault((route, _octave(batch)), _Measured())
         m.latency_s = _DECAY * m.latency_s + latency_s
         m.size_s = _DECAY * m.size_s + size_s
+        m.count = _DECAY * m.count + 1.0
         m.last = self._decisions
 
     def per_unit(self, route: Route, batch: int) -> float | None:
@@ -127,7 +137,12 @@ class ConsolidationTarget:
         allowed: the routes that may carry the batch now (a guard can rule one out).
         """
         self._decisions += 1
-        batch = inflight[Route.SPECULATIVE] + inflight[Route.BASELINE] + 1
+        # The bucket the decision is made in follows the smoothed load: a batch
+        # dipping for a moment (two answers finishing together) must not start a
+        # trial at a load the GPU is not really under.
+        now = inflight[Route.SPECULATIVE] + inflight[Route.BASELINE] + 1
+        self._load += (_LOAD_SMOOTHING if self._load else 1.0) * (now - self._load)
+        batch = round(self._load)
         target, other = self._target, self._target.other
         if target not in allowed:
             if other in allowed:
@@ -136,8 +151,12 @@ class ConsolidationTarget:
         if inflight[other] == 0:
             self._draining = False
         elif not self._draining:
-            if inflight[target] == 0:
-                self._target = other  # the load is there already (no switch of ours): follow it
+            # Load we did not move there (an idle GPU's per-request choice): follow
+            # it unless that route is measured slower here; else it drains.
+            if inflight[target] == 0 and not self._slower(other, target, batch):
+                self._target = other
+            else:
+                self._draining = True
             return self._target
         if self._decisions < self._hold_until or self._draining or other not in allowed:
             return self._target
@@ -148,11 +167,18 @@ class ConsolidationTarget:
             return self._target
         if self._decisions - self._switched_at < self._dwell:
             return self._target
-        mine = self._measured.get((target, _octave(batch)))
-        if mine is not None and theirs.per_unit() < (1.0 - self._margin) * mine.per_unit():
+        if self._slower(target, other, batch):
             self._switch(0)
             self._switched_at = self._decisions
         return self._target
+
+    def _slower(self, route: Route, than: Route, batch: int) -> bool:
+        """Both measured enough at this load, and `route` slower by more than the margin."""
+        mine = self._measured.get((route, _octave(batch)))
+        theirs = self._measured.get((than, _octave(batch)))
+        if mine is None or theirs is None or min(mine.count, theirs.count) < _MIN_SAMPLES:
+            return False
+        return theirs.per_unit() < (1.0 - self._margin) * mine.per_unit()
 
     def _switch(self, hold: int) -> None:
         self._target = self._target.other
@@ -161,5 +187,5 @@ class ConsolidationTarget:
 
 
 def _octave(batch: int) -> int:
-    """Loads of the same power of two share measurements (1; 2-3; 4-7; ...)."""
-    return int(math.log2(max(batch, 1)))
+    """The load bucket: the nearest power of two (1; 2; 3-5; 6-11; 12-22; 23-45; ...)."""
+    return round(math.log2(max(batch, 1)))

@@ -14,9 +14,10 @@ once per finished request. Order of a decision:
    that server, so they are not left to a model that might be wrong.
 2. both servers on one busy GPU (shared_gpu, and a request in flight on
    either): the whole batch belongs on one server, the ConsolidationTarget
-   ("consolidate"); waking the idle one is allowed only where the model says
-   it pays, this request's gain against every step it adds to the others.
-   While the other server still holds requests, nothing goes there: it drains.
+   ("consolidate"). The idle one is never woken for a single request: its
+   steps would slow every request in flight by more than the model can be
+   sure that request gains. While the other server still holds requests,
+   nothing goes there: it drains.
 3. otherwise (an idle GPU, or servers on separate GPUs) the smaller
    prediction: "spec-predicted-faster" / "baseline-predicted-faster".
 4. exploration: with probability explore_share, and never beyond that share
@@ -176,6 +177,7 @@ class CostModelPolicy:
         "_outputs",
         "_rng",
         "_tps_k",
+        "_unit",
     )
 
     def __init__(self, config: CostModelConfig, model: AcceptanceModel | None = None) -> None:
@@ -183,6 +185,10 @@ class CostModelPolicy:
         k = config.num_speculative_tokens
         self._tps_k = k
         self._latency = LatencyModel(config.latency, k, config.draft_cost_ratio)
+        # The consolidation's unit of work: a request's latency alone on an idle GPU
+        # at the PRIOR rates, which never move, so measurements taken hours
+        # apart (one route's before the other's) stay comparable.
+        self._unit = LatencyModel(config.latency, k, config.draft_cost_ratio)
         self._acceptance = AcceptanceEstimator(config.acceptance, k, model)
         self._outputs = OutputLengthModel()
         self._consolidation = ConsolidationTarget(config.consolidate_margin)
@@ -260,13 +266,7 @@ class CostModelPolicy:
         cfg = self._config
         total = inflight[SPEC] + inflight[BASE] + 1
         allowed = frozenset((SPEC, BASE) if total <= cfg.spec_max_inflight else (BASE,))
-        target = self._consolidation.update(inflight, allowed)
-        if inflight[target.other] > 0:
-            return target, "consolidate"  # the other server drains first
-        cost = self._cost(predicted, loads)
-        if cost[target.other] < cost[target]:
-            return target.other, _FASTER[target.other]
-        return target, "consolidate"
+        return self._consolidation.update(inflight, allowed), "consolidate"
 
     def _cost(self, predicted: dict[Route, float], loads: dict[Route, _Load]) -> dict[Route, float]:
         """What a route costs all requests together: this one's latency plus what it adds
@@ -327,7 +327,7 @@ class CostModelPolicy:
             and obs.other_batch == 0
             and obs.route is self._consolidation.route
         ):
-            size = self._latency.predict(BASE, f.prompt_tokens, per_seq, 1.0)
+            size = self._unit.predict(BASE, f.prompt_tokens, per_seq, 1.0)
             self._consolidation.observed(obs.route, obs.batch, obs.duration_s, size)
         if obs.predicted_s is not None and math.isfinite(obs.predicted_s):
             error = abs(obs.predicted_s - obs.duration_s) / obs.duration_s

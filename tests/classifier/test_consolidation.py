@@ -87,8 +87,38 @@ def test_each_load_is_measured_on_its_own() -> None:
     measured(target, BASE, 2.0, batch=8)
     measured(target, SPEC, 4.0, batch=8)
     assert target.update(busy(0, 7), BOTH) is BASE  # batch 8: both known, baseline faster
-    assert target.update(busy(0, 31), BOTH) is SPEC  # batch 32: speculative never tried there
+    routes = [target.update(busy(0, 31), BOTH) for _ in range(30)]  # the load rises to 32
+    assert routes[0] is BASE and SPEC in routes  # speculative never tried there: a trial
     assert target.per_unit(SPEC, 32) is None
+    assert target.per_unit(BASE, 11) == pytest.approx(2.0)  # 6-11 share the bucket of 8
+
+
+def test_a_momentary_dip_in_load_starts_no_trial() -> None:
+    """Two answers finishing together leave batch 6 for an instant; only batch 8 is
+    measured on both routes, and a trial at 6 would move the whole batch for nothing."""
+    target = ConsolidationTarget(trial_length=4, retry_after=100, initial=BASE)
+    measured(target, BASE, 2.0, batch=16)
+    measured(target, SPEC, 4.0, batch=16)
+    routes = [target.update(busy(0, 5 if i % 10 == 9 else 15), BOTH) for i in range(60)]
+    assert set(routes) == {BASE} and target.trials == 0
+
+
+def test_does_not_follow_load_onto_a_route_measured_slower() -> None:
+    """An idle GPU's per-request choice put one request on the speculative server;
+    the next ones stay on the baseline, measured faster at this load, and it drains."""
+    target = ConsolidationTarget(initial=BASE)
+    measured(target, BASE, 2.0)
+    measured(target, SPEC, 4.0)
+    assert target.update(busy(7, 0), BOTH) is BASE
+    assert target.update(busy(6, 1), BOTH) is BASE
+
+
+def test_a_switch_needs_enough_measurements() -> None:
+    target = ConsolidationTarget(retry_after=100, initial=SPEC)
+    measured(target, SPEC, 2.0)
+    for _ in range(5):  # five fast requests are not a measurement
+        target.observed(BASE, 8, latency_s=1.0, size_s=1.0)
+    assert target.update(busy(7, 0), BOTH) is SPEC
 
 
 def test_a_route_a_guard_rules_out_never_carries_the_batch() -> None:

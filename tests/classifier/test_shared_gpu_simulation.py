@@ -42,9 +42,9 @@ def test_under_load_it_keeps_up_with_the_better_static_route(concurrency: int) -
     statics = [mean_latency(simulate(StaticPolicy(r), REQUESTS, concurrency)) for r in (SPEC, BASE)]
     unaware = CostModelPolicy(CostModelConfig(shared_gpu=False))
     split = mean_latency(simulate(unaware, REQUESTS, concurrency))
-    # Measured in this sim: 1.06x the better static at 8, 1.02x at 32 (trials included);
-    # routing per request as if on two GPUs: 1.11x and 1.23x.
-    assert ours <= 1.10 * min(statics), (ours / min(statics), statics)
+    # Measured in this sim: 1.024x the better static at 8, 1.005x at 32 (trials
+    # included); routing per request as if on two GPUs: 1.13x and 1.23x.
+    assert ours <= 1.05 * min(statics), (ours / min(statics), statics)
     assert split > 1.08 * min(statics)  # the per-request split the target prevents
     assert ours < 0.96 * split
     assert policy.consolidation_trials() >= 1  # it measured both servers at this load
