@@ -55,6 +55,7 @@ __all__ = [
     "CostModelConfig",
     "CostModelPolicy",
     "Observation",
+    "PredictionErrors",
     "send_batch",
 ]
 
@@ -78,6 +79,21 @@ _FULL_WEIGHT_TOKENS = 32.0
 # would block most of them and explore half as often as configured).
 _EXPLORE_BURST = 5
 _ERROR_DECAY = 0.98  # prediction error EWMA: about the last 50 requests
+
+
+@dataclass(slots=True)
+class PredictionErrors:
+    """Sums of |predicted - measured| / measured over one route's answers since start.
+
+    as_sent: the prediction the decision was made with. given_length: the same
+    model asked again once the answer is in, with its true length, acceptance
+    and batch, before it learns from it: the fit's own error, without the
+    error in guessing the answer's length from a request that does not say it.
+    """
+
+    count: int = 0
+    as_sent: float = 0.0
+    given_length: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +187,7 @@ class CostModelPolicy:
         "_config",
         "_consolidation",
         "_decisions",
+        "_error_totals",
         "_errors",
         "_explored",
         "_latency",
@@ -196,6 +213,7 @@ class CostModelPolicy:
         self._decisions = 0
         self._explored = 0
         self._errors: dict[Route, float] = {}
+        self._error_totals: dict[Route, PredictionErrors] = {}
 
     @property
     def config(self) -> CostModelConfig:
@@ -310,6 +328,18 @@ class CostModelPolicy:
                 tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
         else:
             tps = 1.0
+        other_batch = obs.other_batch if self._config.shared_gpu else 0
+        if obs.predicted_s is not None and math.isfinite(obs.predicted_s):
+            explained = self._latency.predict(
+                obs.route,
+                f.prompt_tokens,
+                per_seq,
+                max(obs.batch, 1),
+                obs.waiting or 0,
+                tps,
+                other_batch=other_batch,
+            )
+            self._record_error(obs.route, obs.predicted_s, explained, obs.duration_s)
         self._latency.observe(
             obs.route,
             prompt_tokens=f.prompt_tokens,  # the count the prediction uses, not the backend's
@@ -319,7 +349,7 @@ class CostModelPolicy:
             tokens_per_step=tps,
             duration_s=obs.duration_s,
             ttft_s=obs.ttft_s,
-            other_batch=obs.other_batch if self._config.shared_gpu else 0,
+            other_batch=other_batch,
         )
         self._outputs.observe(f, obs.completion_tokens)
         if (
@@ -329,12 +359,17 @@ class CostModelPolicy:
         ):
             size = self._unit.predict(BASE, f.prompt_tokens, per_seq, 1.0)
             self._consolidation.observed(obs.route, obs.batch, obs.duration_s, size)
-        if obs.predicted_s is not None and math.isfinite(obs.predicted_s):
-            error = abs(obs.predicted_s - obs.duration_s) / obs.duration_s
-            old = self._errors.get(obs.route)
-            self._errors[obs.route] = (
-                error if old is None else _ERROR_DECAY * old + (1 - _ERROR_DECAY) * error
-            )
+
+    def _record_error(self, route: Route, predicted: float, explained: float, took: float) -> None:
+        error = abs(predicted - took) / took
+        old = self._errors.get(route)
+        self._errors[route] = (
+            error if old is None else _ERROR_DECAY * old + (1 - _ERROR_DECAY) * error
+        )
+        totals = self._error_totals.setdefault(route, PredictionErrors())
+        totals.count += 1
+        totals.as_sent += error
+        totals.given_length += abs(explained - took) / took
 
     # ---- read-back for metrics and logs --------------------------------------------
 
@@ -351,6 +386,13 @@ class CostModelPolicy:
     def prediction_error(self) -> dict[Route, float]:
         """Recent mean |predicted - measured| / measured per route (routes with data only)."""
         return dict(self._errors)
+
+    def error_totals(self) -> dict[Route, PredictionErrors]:
+        """Copies of the running sums behind the MAPE per route (benchmarks diff two reads)."""
+        return {
+            r: PredictionErrors(t.count, t.as_sent, t.given_length)
+            for r, t in self._error_totals.items()
+        }
 
     def consolidation_trials(self) -> int:
         """How often the busy-GPU target was switched to try the other server."""

@@ -31,6 +31,7 @@ class LocalStack:
     baseline: str
     gateway: str
     emulator: EmulatorConfig  # the speculative one's knobs (k, c) as the gateway was told
+    gpus: int  # 1: both servers share one emulated GPU (as deployed); 2: one each
 
 
 async def serve_app(
@@ -62,9 +63,10 @@ async def wait_healthy(url: str, timeout_s: float = 20.0) -> None:
 
 
 def gateway_config(
-    spec_url: str, base_url: str, emulator: EmulatorConfig, **overrides: Any
+    spec_url: str, base_url: str, emulator: EmulatorConfig, *, gpus: int = 1, **overrides: Any
 ) -> Config:
-    """A gateway config for the emulated pair: k and c as the speculative emulator runs them."""
+    """A gateway config for the emulated pair: k and c as the speculative emulator runs them,
+    and the cost model told whether the two servers share a GPU."""
     raw: dict[str, Any] = {
         "backends": {
             "speculative": {
@@ -78,6 +80,8 @@ def gateway_config(
     }
     for section, values in overrides.items():
         raw[section] = {**raw.get(section, {}), **values}
+    routing = raw.setdefault("routing", {})
+    routing["cost_model"] = {"shared_gpu": gpus == 1, **routing.get("cost_model", {})}
     return parse_config(raw)
 
 
@@ -89,8 +93,13 @@ async def local_stack(
     tokens: TokenCounter | None = None,
     gateway_host: str = "127.0.0.1",
     gateway_port: int = 0,
+    gpus: int = 1,
     **gateway_overrides: Any,
 ) -> AsyncIterator[LocalStack]:
+    """gpus=2 gives each server its own emulated GPU (a host with two; the cost
+    model is told so), to compare with the deployment in deploy/, which is one."""
+    if gpus not in (1, 2):
+        raise ValueError(f"local_stack: gpus is 1 or 2, not {gpus}")
     spec_cfg = EmulatorConfig(
         mode="speculative",
         model=MODEL,
@@ -100,18 +109,19 @@ async def local_stack(
     )
     base_cfg = replace(spec_cfg, mode="baseline", per_request_spec_decode_metrics="none")
     runners: list[web.AppRunner] = []
-    gpu = SharedGpu()  # both servers on one GPU, as deployed
+    shared = SharedGpu()  # both servers on one GPU, as deployed
+    spec_gpu, base_gpu = (shared, shared) if gpus == 1 else (SharedGpu(), SharedGpu())
     try:
-        spec_runner, spec_url = await serve_app(create_emulator_app(spec_cfg, gpu))
+        spec_runner, spec_url = await serve_app(create_emulator_app(spec_cfg, spec_gpu))
         runners.append(spec_runner)
-        base_runner, base_url = await serve_app(create_emulator_app(base_cfg, gpu))
+        base_runner, base_url = await serve_app(create_emulator_app(base_cfg, base_gpu))
         runners.append(base_runner)
-        config = gateway_config(spec_url, base_url, spec_cfg, **gateway_overrides)
+        config = gateway_config(spec_url, base_url, spec_cfg, gpus=gpus, **gateway_overrides)
         gw_runner, gw_url = await serve_app(
             create_app(config, tokens=tokens), gateway_host, gateway_port
         )
         runners.append(gw_runner)
-        yield LocalStack(spec_url, base_url, gw_url, spec_cfg)
+        yield LocalStack(spec_url, base_url, gw_url, spec_cfg, gpus)
     finally:
         for runner in reversed(runners):
             await runner.cleanup()

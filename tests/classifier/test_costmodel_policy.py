@@ -240,6 +240,24 @@ def test_observe_changes_acceptance_and_reported_error() -> None:
     assert p.latency_parameters()[SPEC].samples > 100
 
 
+def test_error_totals_separate_the_fit_from_the_length_guess() -> None:
+    """CREATIVE states max_tokens 400; this answer stops at 200. The prediction as sent
+    guessed 400 tokens; asked again with the true length, the untouched priors are
+    what a request of 200 tokens at batch 1 predicts."""
+    p = policy()
+    guessed = p.predict(CREATIVE, IDLE)[BASE]
+    true_length = p.predict(dataclasses.replace(CREATIVE, expected_output_tokens=200), IDLE)
+    took = 1.5
+    p.observe(dataclasses.replace(observation(BASE, CREATIVE, None, took), predicted_s=guessed))
+    totals = p.error_totals()
+    assert set(totals) == {BASE} and totals[BASE].count == 1
+    assert totals[BASE].as_sent == pytest.approx(abs(guessed - took) / took)
+    assert totals[BASE].given_length == pytest.approx(abs(true_length[BASE] - took) / took)
+    assert totals[BASE].given_length != pytest.approx(totals[BASE].as_sent)
+    p.error_totals()[BASE].count = 99  # a copy: the policy's sums are its own
+    assert p.error_totals()[BASE].count == 1
+
+
 def test_baseline_observations_never_touch_acceptance() -> None:
     p = policy()
     before = p.estimated_acceptance()

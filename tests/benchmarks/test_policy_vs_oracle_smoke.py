@@ -1,0 +1,29 @@
+"""The policy-vs-oracle benchmark runs to the end on both topologies and prints its table
+(no ratio is asserted: small counts on a shared CI machine say nothing about speed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("gpus", ["1", "2"])
+def test_policy_vs_oracle_benchmark_smoke(gpus: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/policy_vs_oracle.py", "--smoke", "--gpus", gpus],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "EMULATED" in out and ("ONE GPU" if gpus == "1" else "a GPU per server") in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["8"])]
+    assert [row[0] for row in rows] == ["1", "8"] and all(len(row) == 8 for row in rows)
+    assert "given the answer's true length" in out and "acceptance a per workload" in out

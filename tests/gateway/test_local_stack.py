@@ -1,0 +1,31 @@
+"""local_stack's topologies: one GPU shared by both emulated servers (as deployed), or one each."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.emulator import EmulatorConfig
+from gateway.local_stack import MODEL, gateway_config, local_stack
+
+EMULATOR = EmulatorConfig(mode="speculative", model=MODEL)
+
+
+def test_the_cost_model_is_told_whether_the_servers_share_a_gpu() -> None:
+    one = gateway_config("http://s", "http://b", EMULATOR)
+    two = gateway_config("http://s", "http://b", EMULATOR, gpus=2, routing={"policy": "rules"})
+    assert one.routing.cost_model.shared_gpu is True
+    assert two.routing.cost_model.shared_gpu is False
+    assert two.routing.policy == "rules"  # other routing settings are kept
+
+
+def test_an_explicit_setting_wins() -> None:
+    config = gateway_config(
+        "http://s", "http://b", EMULATOR, gpus=2, routing={"cost_model": {"shared_gpu": True}}
+    )
+    assert config.routing.cost_model.shared_gpu is True
+
+
+async def test_only_one_or_two_gpus() -> None:
+    with pytest.raises(ValueError, match="gpus is 1 or 2"):
+        async with local_stack(gpus=3):
+            pass
