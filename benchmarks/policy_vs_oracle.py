@@ -148,7 +148,9 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
                     row[policy] = statistics.fmean(s.e2e_s for s in sent) / oracle
                     if policy == "cost-model":
                         tallies[level] = Counter(f"{s.route}/{s.reason}" for s in sent)
-                        errors[level] = window(before, cost_model.error_totals())
+                        after = cost_model.error_totals()
+                        windows = {r: e.since(before.get(r)) for r, e in after.items()}
+                        errors[level] = {r: w for r, w in windows.items() if w.count}
                 rows[level] = row
                 print(
                     f"{level:>11} {len(requests):>9} {oracle:>9.3f} "
@@ -172,8 +174,7 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
         print(
             f"  {level:>3}: "
             + "; ".join(
-                f"{route.value} {e.as_sent / e.count:.1%} | {e.given_length / e.count:.1%} "
-                f"(n={e.count})"
+                f"{route.value} {e.mape()[0]:.1%} | {e.mape()[1]:.1%} (n={e.count})"
                 for route, e in per_route.items()
             )
         )
@@ -195,20 +196,6 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
         f"within 10% of the oracle at every level: {within}; worst acceptance error {worst:.3f}"
     )
     return 0
-
-
-def window(
-    before: dict[Route, PredictionErrors], after: dict[Route, PredictionErrors]
-) -> dict[Route, PredictionErrors]:
-    """The error sums of the answers between two reads of the policy's totals."""
-    out = {}
-    for route, a in after.items():
-        b = before.get(route, PredictionErrors())
-        if a.count > b.count:
-            out[route] = PredictionErrors(
-                a.count - b.count, a.as_sent - b.as_sent, a.given_length - b.given_length
-            )
-    return out
 
 
 if __name__ == "__main__":

@@ -95,6 +95,22 @@ class PredictionErrors:
     as_sent: float = 0.0
     given_length: float = 0.0
 
+    def since(self, earlier: PredictionErrors | None) -> PredictionErrors:
+        """The answers between an earlier read and this one (None: all of them)."""
+        if earlier is None:
+            return PredictionErrors(self.count, self.as_sent, self.given_length)
+        return PredictionErrors(
+            self.count - earlier.count,
+            self.as_sent - earlier.as_sent,
+            self.given_length - earlier.given_length,
+        )
+
+    def mape(self) -> tuple[float, float]:
+        """(as sent, given the true length); nan without answers."""
+        if self.count <= 0:
+            return math.nan, math.nan
+        return self.as_sent / self.count, self.given_length / self.count
+
 
 @dataclass(frozen=True, slots=True)
 class CostModelConfig:
@@ -152,6 +168,7 @@ class Observation:
     # (exact and live; a scraped `running` can be a scrape interval old, and an
     # idle neighbour counted busy would be charged for steps it never ran).
     other_batch: int = 0
+    prefill_ahead: int = 0  # BackendState.prefill_tokens of its route at send time
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +180,7 @@ class _Load:
     batch: int
     waiting: int
     other_batch: int
+    prefill_ahead: int
 
 
 def send_batch(state: LiveState, route: Route, n: int = 1) -> int:
@@ -235,6 +253,7 @@ class CostModelPolicy:
                 send_batch(state, route, f.n),
                 state.of(route).waiting or 0,
                 state.of(route.other).inflight if shared else 0,
+                state.of(route).prefill_tokens,
             )
             for route in (SPEC, BASE)
         }
@@ -249,6 +268,7 @@ class CostModelPolicy:
                 load.waiting,
                 load.tokens_per_step,
                 other_batch=load.other_batch,
+                prefill_ahead=load.prefill_ahead,
             )
             for route, load in loads.items()
         }
@@ -338,6 +358,7 @@ class CostModelPolicy:
                 obs.waiting or 0,
                 tps,
                 other_batch=other_batch,
+                prefill_ahead=obs.prefill_ahead,
             )
             self._record_error(obs.route, obs.predicted_s, explained, obs.duration_s)
         self._latency.observe(
@@ -350,6 +371,7 @@ class CostModelPolicy:
             duration_s=obs.duration_s,
             ttft_s=obs.ttft_s,
             other_batch=other_batch,
+            prefill_ahead=obs.prefill_ahead,
         )
         self._outputs.observe(f, obs.completion_tokens)
         if (
@@ -389,10 +411,7 @@ class CostModelPolicy:
 
     def error_totals(self) -> dict[Route, PredictionErrors]:
         """Copies of the running sums behind the MAPE per route (benchmarks diff two reads)."""
-        return {
-            r: PredictionErrors(t.count, t.as_sent, t.given_length)
-            for r, t in self._error_totals.items()
-        }
+        return {r: t.since(None) for r, t in self._error_totals.items()}
 
     def consolidation_trials(self) -> int:
         """How often the busy-GPU target was switched to try the other server."""

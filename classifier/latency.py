@@ -232,15 +232,19 @@ class LatencyModel:
         waiting: float = 0.0,
         tokens_per_step: float = 1.0,
         other_batch: float = 0.0,
+        prefill_ahead: float = 0.0,
     ) -> float:
         """Seconds from send to last byte; tokens_per_step is 1 on the baseline.
 
         other_batch: the other server's batch when both share one GPU (0 if
         they do not, or it is idle): each of this request's steps then also
         waits for one step of the other server.
+        prefill_ahead: prompt tokens still being prefilled there when it is
+        sent; its own prefill waits for them, at the same rate per token.
         """
         steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
-        own = self._fits[route].predict(prompt_tokens, steps, batch, waiting)
+        prefill = prompt_tokens + max(prefill_ahead, 0.0)
+        own = self._fits[route].predict(prefill, steps, batch, waiting)
         return own + steps * self._step(route.other, other_batch)
 
     def slowdown_of_others(
@@ -286,6 +290,7 @@ class LatencyModel:
         duration_s: float,
         ttft_s: float | None,
         other_batch: float = 0.0,
+        prefill_ahead: float = 0.0,
     ) -> None:
         """Learn from one finished request.
 
@@ -298,14 +303,15 @@ class LatencyModel:
         fit = self._fits[route]
         steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
         waited = steps * self._step(route.other, other_batch)
+        prefill = prompt_tokens + max(prefill_ahead, 0.0)
         if ttft_s is not None and 0 < ttft_s <= duration_s:
-            fit.add((1.0, prompt_tokens, 0.0, 0.0, waiting), ttft_s)
+            fit.add((1.0, prefill, 0.0, 0.0, waiting), ttft_s)
             decode = duration_s - ttft_s
             if steps > 0:
                 fit.add((0.0, 0.0, steps, steps * batch, 0.0), max(decode - waited, 0.1 * decode))
         else:
             own = max(duration_s - waited, 0.1 * duration_s)
-            fit.add((1.0, prompt_tokens, steps, steps * batch, waiting), own)
+            fit.add((1.0, prefill, steps, steps * batch, waiting), own)
         other = self._fits[route.other]
         fit.anchor(other)
         other.recent *= _FADE

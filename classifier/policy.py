@@ -42,6 +42,11 @@ class BackendState:
     running: int | None = None  # scraped vllm:num_requests_running (None = unknown)
     waiting: int | None = None  # scraped vllm:num_requests_waiting
     kv_cache_usage: float | None = None  # scraped vllm:kv_cache_usage_perc, 0..1
+    # Prompt tokens of the gateway's streamed requests there that have no first
+    # token yet: a new request's prefill queues behind them (chunked prefill
+    # serves prompts in arrival order). Non-streamed requests are not counted
+    # (their first token is not seen), so this is a lower bound.
+    prefill_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

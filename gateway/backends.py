@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -38,6 +38,7 @@ class Upstream:
 
     url: str
     inflight: int = 0
+    prefill_tokens: int = 0  # prompts of streams sent here with no first token yet
     healthy: bool = True
     scrape: Scrape | None = None
     acceptance: Acceptance | None = None  # over the last scrape window with drafts
@@ -84,6 +85,7 @@ class Backend:
         kv = [s.kv_usage for s in scrapes if s.kv_usage is not None]
         return BackendState(
             inflight=self.inflight,
+            prefill_tokens=sum(u.prefill_tokens for u in self.upstreams),
             healthy=self.healthy,
             running=int(sum(running)) if running else None,
             waiting=int(sum(waiting)) if waiting else None,
@@ -125,14 +127,27 @@ class BackendPool:
         )
 
     @contextlib.contextmanager
-    def track(self, backend: Backend, upstream: Upstream) -> Iterator[None]:
-        """Count a request as in flight for exactly as long as the block runs."""
+    def track(
+        self, backend: Backend, upstream: Upstream, prefill_tokens: int = 0
+    ) -> Iterator[Callable[[], None]]:
+        """Count a request as in flight for exactly as long as the block runs, and its
+        prompt as pending prefill until the callable it yields is called (its first
+        token) or the block ends, whichever is first."""
         upstream.inflight += 1
+        upstream.prefill_tokens += prefill_tokens
         gauge = self._metrics.inflight.labels(backend.route.value)
         gauge.inc()
+        pending = prefill_tokens
+
+        def prefilled() -> None:
+            nonlocal pending
+            upstream.prefill_tokens -= pending
+            pending = 0
+
         try:
-            yield
+            yield prefilled
         finally:
+            prefilled()
             upstream.inflight -= 1
             gauge.dec()
 

@@ -35,6 +35,9 @@ class Routed:
     strip_usage_chunk: bool
     request_id: str
     predicted: str | None = None  # both predicted latencies, for the response header
+    # Counted in its backend's pending prefill until the first token comes back
+    # (streams only: a non-streamed answer shows no first token).
+    prefill_tokens: int = 0
 
 
 class _FailOver:
@@ -81,7 +84,8 @@ async def _attempt(
         headers[FAILOVER_HEADER] = exchange.failover_from.value
     if routed.predicted is not None:
         headers[PREDICTED_HEADER] = routed.predicted
-    with pool.track(backend, upstream):
+    with pool.track(backend, upstream, routed.prefill_tokens) as prefilled:
+        exchange.on_first_token = prefilled
         exchange.batch = backend.inflight
         try:
             response = await open_upstream(

@@ -80,6 +80,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             strip_usage,
             request_id,
             predicted_header(decision),
+            features.prompt_tokens if features.stream else 0,
         )
         return await dispatch(request, routed, exchange, config)
     except APIError as exc:

@@ -45,6 +45,7 @@ def learn(
             features=features,
             batch=send_batch(state, route, features.n),
             other_batch=state.of(route.other).inflight,
+            prefill_ahead=state.of(route).prefill_tokens,
             waiting=exchange.waiting,
             ttft_s=exchange.ttft_s,
             duration_s=exchange.duration_s,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,8 @@ class Exchange:
     failover_from: Route | None = None
     batch: int = 0
     waiting: int | None = None
+    # Called once when the first token arrives (the backend's prefill of it is done).
+    on_first_token: Callable[[], None] | None = None
 
     @property
     def token_events(self) -> int:
@@ -267,6 +270,8 @@ def _inspect_events(chunk: bytes, exchange: Exchange, strip_usage_chunk: bool) -
             elif exchange.ttft_s is None:
                 if _has_token(parsed):
                     exchange.ttft_s = time.perf_counter() - exchange.started
+                    if exchange.on_first_token is not None:
+                        exchange.on_first_token()
                 else:
                     exchange.events_before_token += 1
         kept.append(event_bytes)

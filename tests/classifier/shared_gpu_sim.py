@@ -1,5 +1,7 @@
 """Two engines on ONE GPU, step by step, in virtual time (a test helper, not a test).
 
+(simulate(gpus=2) gives each engine its own GPU, to compare.)
+
 The emulator's timing (gateway/emulator/costs.py: the same step costs, the same
 chunked-prefill budget, the same position-by-position draft acceptance) without
 its wall clock, so a router can be run over thousands of requests at any
@@ -97,6 +99,7 @@ class Served:
 class _Running:
     __slots__ = (
         "accepted",
+        "ahead",
         "batch",
         "drafted",
         "first_at",
@@ -110,9 +113,10 @@ class _Running:
         "sent_at",
     )
 
-    def __init__(self, index: int, job: Job, route: Route, now: float, batch: int, other: int):
+    def __init__(self, index: int, job: Job, route: Route, now: float, state: LiveState) -> None:
         self.index, self.job, self.route, self.sent_at = index, job, route, now
-        self.batch, self.other = batch, other
+        self.batch, self.other = send_batch(state, route), state.of(route.other).inflight
+        self.ahead = state.of(route).prefill_tokens
         self.prefilled = self.generated = self.drafted = self.accepted = 0
         self.first_at: float | None = None
         self.rng = random.Random(job.seed)
@@ -124,8 +128,12 @@ def simulate(
     concurrency: int,
     *,
     emulator: EmulatorConfig | None = None,
+    gpus: int = 1,
 ) -> list[Served]:
-    """A closed loop of `concurrency` clients; a router with observe() learns as it goes."""
+    """A closed loop of `concurrency` clients; a router with observe() learns as it goes.
+
+    gpus=2 gives each engine its own GPU: they step independently.
+    """
     c = emulator or EmulatorConfig(mode="speculative")
     k = c.num_speculative_tokens
     observe: Callable[[Observation], None] | None = getattr(router, "observe", None)
@@ -136,15 +144,12 @@ def simulate(
     def send(at: float) -> None:
         nonlocal sent
         job = requests[sent]
-        state = LiveState(
-            BackendState(inflight=len(running[SPEC])), BackendState(inflight=len(running[BASE]))
-        )
+        state = LiveState(*(_backend(running[route]) for route in (SPEC, BASE)))
         decision = router.decide(job.features, state)
         route = decision.route
         predicted = decision.predicted_s.get(route) if decision.predicted_s else None
         served.append(Served(job, route, decision.reason, predicted))
-        batch = send_batch(state, route)
-        running[route].append(_Running(sent, job, route, at, batch, len(running[route.other])))
+        running[route].append(_Running(sent, job, route, at, state))
         sent += 1
 
     def step(route: Route, start: float) -> float:
@@ -179,11 +184,8 @@ def simulate(
 
     for _ in range(min(concurrency, len(requests))):
         send(0.0)
-    turn = SPEC
-    while running[SPEC] or running[BASE]:
-        route = turn if running[turn] else turn.other  # the engines alternate on the one GPU
-        now = step(route, now)
-        turn = route.other
+
+    def finish(route: Route, now: float) -> None:
         for r in [r for r in running[route] if r.generated >= r.job.output_tokens]:
             running[route].remove(r)
             done = served[r.index]
@@ -192,7 +194,31 @@ def simulate(
                 observe(_observation(r, done))
             if sent < len(requests):
                 send(now)
-    return served
+
+    if gpus == 1:
+        turn = SPEC
+        while running[SPEC] or running[BASE]:
+            route = turn if running[turn] else turn.other  # the engines alternate on the one GPU
+            now = step(route, now)
+            turn = route.other
+            finish(route, now)
+        return served
+    ends: dict[Route, float] = {}  # the step each busy engine is in ends then
+    while True:
+        for route in (SPEC, BASE):
+            if route not in ends and running[route]:
+                ends[route] = step(route, now)
+        if not ends:
+            return served
+        route = min(ends, key=ends.__getitem__)
+        now = ends.pop(route)
+        finish(route, now)
+
+
+def _backend(running: Sequence[_Running]) -> BackendState:
+    """What the gateway knows of one engine: its requests, and the prompts not yet answered."""
+    prefilling = sum(r.job.features.prompt_tokens for r in running if r.first_at is None)
+    return BackendState(inflight=len(running), prefill_tokens=prefilling)
 
 
 def _observation(r: _Running, done: Served) -> Observation:
@@ -208,6 +234,7 @@ def _observation(r: _Running, done: Served) -> Observation:
         acceptance=(r.accepted / r.drafted) if r.route is SPEC and r.drafted else None,
         predicted_s=done.predicted_s,
         other_batch=r.other,
+        prefill_ahead=r.ahead,
     )
 
 
@@ -232,28 +259,37 @@ def mape(served: Sequence[Served], route: Route) -> float:
     return statistics.fmean(errors) if errors else float("nan")
 
 
-def report(per_workload: int = 150) -> None:
+def report(per_workload: int = 150, gpus: int = 1) -> None:
     """One policy through rising load, as benchmarks/policy_vs_oracle.py runs the emulator."""
     requests = jobs(per_workload, seed=3)
-    policy = CostModelPolicy(CostModelConfig())
-    print(f"{len(requests)} requests a level, of {', '.join(MIXED)}; ONE GPU (virtual time)")
+    policy = CostModelPolicy(CostModelConfig(shared_gpu=gpus == 1))
+    where = "ONE GPU" if gpus == 1 else "a GPU per server"
+    print(f"\n{len(requests)} requests a level, of {', '.join(MIXED)}; {where} (virtual time)")
     print("mean e2e / the per-request oracle's; 'unaware' routes per request as if on two GPUs")
-    print("conc  cost-model  unaware  all-spec  all-base  | MAPE spec  base | trials")
+    print(
+        "conc  cost-model  unaware  all-spec  all-base  | MAPE spec  base "
+        "| given length: spec  base | trials"
+    )
     for concurrency in (1, 2, 4, 8, 16, 32):
-        spec = simulate(StaticPolicy(SPEC), requests, concurrency)
-        base = simulate(StaticPolicy(BASE), requests, concurrency)
+        spec = simulate(StaticPolicy(SPEC), requests, concurrency, gpus=gpus)
+        base = simulate(StaticPolicy(BASE), requests, concurrency, gpus=gpus)
         best = oracle_latency(spec, base)
         unaware = simulate(
-            CostModelPolicy(CostModelConfig(shared_gpu=False)), requests, concurrency
+            CostModelPolicy(CostModelConfig(shared_gpu=False)), requests, concurrency, gpus=gpus
         )
-        ours = simulate(policy, requests, concurrency)
+        before = policy.error_totals()
+        ours = simulate(policy, requests, concurrency, gpus=gpus)
+        after = policy.error_totals()
+        fit = {r: e.since(before.get(r)).mape()[1] for r, e in after.items()}
         ratios = [mean_latency(x) / best for x in (ours, unaware, spec, base)]
         print(
             f"{concurrency:>4}  {ratios[0]:10.3f}  {ratios[1]:7.3f}  {ratios[2]:8.3f}  "
-            f"{ratios[3]:8.3f}  | {mape(ours, SPEC):9.3f}  {mape(ours, BASE):4.3f} | "
+            f"{ratios[3]:8.3f}  | {mape(ours, SPEC):9.3f}  {mape(ours, BASE):4.3f} "
+            f"| {fit.get(SPEC, float('nan')):18.3f}  {fit.get(BASE, float('nan')):4.3f} | "
             f"{policy.consolidation_trials()}"
         )
 
 
 if __name__ == "__main__":
-    report()
+    report(gpus=1)
+    report(gpus=2)  # 'unaware' is then the same policy, fresh at each level

@@ -116,6 +116,39 @@ def test_queueing_adds_per_waiting_request() -> None:
     )
 
 
+def test_prompts_prefilling_ahead_delay_the_first_token() -> None:
+    model = LatencyModel(PRIORS, K, C)
+    ahead = model.predict(BASE, 100, 50, 1, prefill_ahead=3000)
+    assert ahead - model.predict(BASE, 100, 50, 1) == pytest.approx(
+        3000 * PRIORS.prefill_s_per_token
+    )
+
+
+def test_the_fit_learns_prefill_from_requests_queued_behind_others() -> None:
+    """Short prompts whose first token waited for a long prompt ahead of them: charged
+    to the prompt they joined, they teach the prefill rate, not a bigger fixed cost."""
+    model = LatencyModel(PRIORS, K, C)
+    rng = random.Random(3)
+    t0, p = TRUTH[BASE][:2]
+    for _ in range(400):
+        prompt, ahead = rng.randint(10, 60), rng.choice((0, 0, 0, 3000))
+        ttft = t0 + p * (prompt + ahead)
+        model.observe(
+            BASE,
+            prompt_tokens=prompt,
+            output_tokens=1,
+            batch=1,
+            waiting=0,
+            tokens_per_step=1.0,
+            duration_s=ttft,
+            ttft_s=ttft,
+            prefill_ahead=ahead,
+        )
+    fitted = model.parameters()[BASE]
+    assert fitted.prefill_s_per_token == pytest.approx(p, rel=0.05)
+    assert fitted.ttft_base_s == pytest.approx(t0, rel=0.2)
+
+
 def test_one_outlier_cannot_wreck_the_fit() -> None:
     model = LatencyModel(PRIORS, K, C)
     train(model, random.Random(4), 800)

@@ -256,6 +256,11 @@ def test_error_totals_separate_the_fit_from_the_length_guess() -> None:
     assert totals[BASE].given_length != pytest.approx(totals[BASE].as_sent)
     p.error_totals()[BASE].count = 99  # a copy: the policy's sums are its own
     assert p.error_totals()[BASE].count == 1
+    first = p.error_totals()[BASE]
+    p.observe(dataclasses.replace(observation(BASE, CREATIVE, None, took), predicted_s=took))
+    window = p.error_totals()[BASE].since(first)  # the second answer alone
+    assert window.count == 1 and window.mape()[0] == pytest.approx(0.0)
+    assert first.mape() == (totals[BASE].as_sent, totals[BASE].given_length)
 
 
 def test_baseline_observations_never_touch_acceptance() -> None:
@@ -302,6 +307,16 @@ def test_on_a_busy_shared_gpu_the_batch_stays_on_one_server() -> None:
     d = policy(shared_gpu=False).decide(CREATIVE, loaded)  # two GPUs: its own best
     assert (d.route, d.reason) == (BASE, "baseline-predicted-faster")
     assert policy().decide(CREATIVE, IDLE).route is BASE  # an idle GPU: its own best
+
+
+def test_a_long_prompt_prefilling_on_one_server_sends_the_next_request_to_the_other() -> None:
+    p = policy(shared_gpu=False)  # a GPU each: the speculative one is idle
+    assert p.decide(CREATIVE, IDLE).route is BASE
+    prefilling = LiveState(BackendState(), BackendState(inflight=1, prefill_tokens=6000))
+    d = p.decide(CREATIVE, prefilling)
+    assert (d.route, d.reason) == (SPEC, "spec-predicted-faster")
+    assert d.predicted_s is not None
+    assert d.predicted_s[BASE] - p.predict(CREATIVE, spec_state())[BASE] > 1.0
 
 
 def test_no_exploration_while_the_shared_gpu_is_busy() -> None:
