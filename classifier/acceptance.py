@@ -142,6 +142,11 @@ class AcceptanceEstimator:
             out[w] = min(1.0, max(0.0, base + stats[1] / (stats[0] + m)))
         return out
 
+    def count(self, workload: Workload) -> float:
+        """Decayed number of observations behind one workload's estimate."""
+        stats = self._stats.get(workload)
+        return stats[0] if stats else 0.0
+
     def samples(self) -> dict[Workload, float]:
         """Decayed number of observations behind each workload's estimate."""
         return {w: (s[0] if (s := self._stats.get(w)) else 0.0) for w in Workload}

@@ -20,9 +20,10 @@ once per finished request. Order of a decision:
    nothing goes there: it drains.
 3. otherwise (an idle GPU, or servers on separate GPUs) the smaller
    prediction: "spec-predicted-faster" / "baseline-predicted-faster".
-4. exploration: with probability explore_share, and never beyond that share
-   of all decisions so far (plus a burst of 5), the predicted-slower route
-   instead ("explore").
+4. exploration: with probability explore_share (more for a workload whose
+   acceptance has few measurements, when the slower route is speculative),
+   and never beyond explore_share of all decisions so far (plus a burst of
+   5), the predicted-slower route instead ("explore").
    Only where safe: not under a guard, both backends healthy, the slower
    route predicted at most explore_max_slowdown times the faster, and (one
    GPU) only while it is idle, since waking the other server under load slows
@@ -78,6 +79,11 @@ _FULL_WEIGHT_TOKENS = 32.0
 # throwing away draws that are merely early (a bound at exactly share x n
 # would block most of them and explore half as often as configured).
 _EXPLORE_BURST = 5
+# A workload with no acceptance measured yet is explored at up to _EXPLORE_FULL
+# times explore_share (at most _EXPLORE_MAX_SHARE), falling back to the plain
+# share as its measurements reach _EXPLORE_FULL; the hard bound above holds.
+_EXPLORE_FULL = 20.0
+_EXPLORE_MAX_SHARE = 0.5
 _ERROR_DECAY = 0.98  # prediction error EWMA: about the last 50 requests
 
 
@@ -291,7 +297,7 @@ class CostModelPolicy:
             cost = self._cost(predicted, loads)
             route = SPEC if cost[SPEC] < cost[BASE] else BASE
             reason = _FASTER[route]
-            if self._explore(predicted[route], predicted[route.other], state):
+            if self._explore(features, route.other, predicted, state):
                 route, reason = route.other, "explore"
         if not state.of(route).healthy and state.of(route.other).healthy:
             return Decision(route.other, "unhealthy-fallback", predicted)
@@ -319,15 +325,24 @@ class CostModelPolicy:
             for route, load in loads.items()
         }
 
-    def _explore(self, faster_s: float, slower_s: float, state: LiveState) -> bool:
+    def _explore(
+        self, f: RequestFeatures, slower: Route, predicted: dict[Route, float], state: LiveState
+    ) -> bool:
         cfg = self._config
+        faster_s, slower_s = predicted[slower.other], predicted[slower]
         if not (state.speculative.healthy and state.baseline.healthy):
             return False
         if self._explored >= cfg.explore_share * self._decisions + _EXPLORE_BURST:
             return False  # a hard bound, besides the random draw
         if slower_s > cfg.explore_max_slowdown * faster_s:
             return False
-        if self._rng.random() >= cfg.explore_share:
+        share = cfg.explore_share
+        if slower is SPEC:
+            # A workload with few measured acceptances is where the estimate may be
+            # wrong (a prior, or traffic that changed): spend the budget there first.
+            measured = self._acceptance.count(f.workload)
+            share = min(_EXPLORE_MAX_SHARE, share * max(1.0, _EXPLORE_FULL / (measured + 1.0)))
+        if self._rng.random() >= share:
             return False
         self._explored += 1
         return True

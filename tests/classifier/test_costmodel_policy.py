@@ -154,6 +154,21 @@ def test_exploration_share_is_bounded_and_used() -> None:
     assert p.explore_counts() == (len(explored), 4000)
 
 
+def test_a_workload_never_measured_is_explored_first() -> None:
+    """CREATIVE goes to the baseline and no speculative answer has measured its
+    acceptance: the exploration budget goes to it well above the plain share, and
+    back to the plain share once it has measurements (no answers are fed back here,
+    so the budget's hard bound is what stops it)."""
+    p = CostModelPolicy(CostModelConfig(explore_share=0.05, seed=3))
+    first = [p.decide(CREATIVE, IDLE).reason for _ in range(40)]
+    assert first.count("explore") >= 5  # the plain 5% would give 2 on average
+    assert p.explore_counts()[0] <= 0.05 * 40 + 5  # the hard bound holds
+    for _ in range(40):
+        p.observe(observation(SPEC, CREATIVE, acceptance_rate(0.25, 4)))
+    later = [p.decide(CREATIVE, IDLE).reason for _ in range(2000)]
+    assert 0.03 * 2000 < later.count("explore") < 0.07 * 2000
+
+
 def test_no_exploration_when_the_other_route_is_far_slower() -> None:
     p = CostModelPolicy(CostModelConfig(explore_share=0.5, explore_max_slowdown=1.01))
     assert all(p.decide(STRUCTURED, IDLE).reason != "explore" for _ in range(500))
