@@ -292,7 +292,7 @@ class CostModelPolicy:
         elif max(spec.inflight, spec.running or 0) >= cfg.spec_max_inflight:
             route, reason = BASE, "spec-busy"
         elif gpu_busy:
-            route, reason = self._consolidate(predicted, loads, inflight)
+            route, reason = self._consolidate(inflight)
         else:
             cost = self._cost(predicted, loads)
             route = SPEC if cost[SPEC] < cost[BASE] else BASE
@@ -303,9 +303,7 @@ class CostModelPolicy:
             return Decision(route.other, "unhealthy-fallback", predicted)
         return Decision(route, reason, predicted)
 
-    def _consolidate(
-        self, predicted: dict[Route, float], loads: dict[Route, _Load], inflight: dict[Route, int]
-    ) -> tuple[Route, str]:
+    def _consolidate(self, inflight: dict[Route, int]) -> tuple[Route, str]:
         """One GPU with requests in flight: keep the batch on the target server."""
         cfg = self._config
         total = inflight[SPEC] + inflight[BASE] + 1
