@@ -68,6 +68,10 @@ class Backend:
     def inflight(self) -> int:
         return sum(u.inflight for u in self.upstreams)
 
+    def prefill_tokens(self) -> int:
+        """Prompt tokens of streams sent here that have no first token yet."""
+        return sum(u.prefill_tokens for u in self.upstreams)
+
     @property
     def healthy(self) -> bool:
         return any(u.healthy for u in self.upstreams)
@@ -85,7 +89,7 @@ class Backend:
         kv = [s.kv_usage for s in scrapes if s.kv_usage is not None]
         return BackendState(
             inflight=self.inflight,
-            prefill_tokens=sum(u.prefill_tokens for u in self.upstreams),
+            prefill_tokens=self.prefill_tokens(),
             healthy=self.healthy,
             running=int(sum(running)) if running else None,
             waiting=int(sum(waiting)) if waiting else None,
@@ -109,6 +113,8 @@ class BackendPool:
         self._eject_s = eject_s
         self._retries_inflight = 0
         self._backends = {route: Backend.from_config(route, config.of(route)) for route in Route}
+        for route, backend in self._backends.items():
+            metrics.prefill_pending.labels(route.value).set_function(backend.prefill_tokens)
         for route in Route:
             metrics.inflight.labels(route.value).set(0)
             metrics.backend_up.labels(route.value).set(1)

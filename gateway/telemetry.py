@@ -70,6 +70,12 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.prefill_pending = Gauge(
+            "specroute_prefill_pending_tokens",
+            "Prompt tokens of streams forwarded to a backend with no first token back yet.",
+            ["backend"],
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "specroute_upstream_errors",
             "Failures talking to a backend, by kind.",

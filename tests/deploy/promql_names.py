@@ -33,6 +33,7 @@ GATEWAY_METRICS = {
     "specroute_time_per_output_token_seconds": "histogram",
     "specroute_output_tokens": "counter",
     "specroute_inflight_requests": "gauge",
+    "specroute_prefill_pending_tokens": "gauge",
     "specroute_upstream_errors": "counter",
     "specroute_backend_up": "gauge",
     "specroute_failovers": "counter",
