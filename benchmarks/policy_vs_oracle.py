@@ -121,7 +121,7 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
         for policy in POLICIES:
             routing: dict[str, Any] = {"policy": policy}
             if policy == "cost-model":
-                routing["cost_model"] = {"acceptance": {"code": 0.2}, "explore_share": 0.05}
+                routing["cost_model"] = {"acceptance": {"code": 0.2}}  # default explore_share
             config = gateway_config(
                 stack.speculative, stack.baseline, stack.emulator, gpus=gpus, routing=routing
             )

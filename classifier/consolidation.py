@@ -112,6 +112,11 @@ class ConsolidationTarget:
     def route(self) -> Route:
         return self._target
 
+    @property
+    def load(self) -> float:
+        """The smoothed load (requests in flight on both) of recent decisions under load."""
+        return self._load
+
     def observed(self, route: Route, batch: int, latency_s: float, size_s: float) -> None:
         """A request sent to `route` into a batch of `batch` (the other server idle) finished.
 
@@ -153,7 +158,8 @@ class ConsolidationTarget:
         elif not self._draining:
             # Load we did not move there (an idle GPU's per-request choice): follow
             # it unless that route is measured slower here; else it drains.
-            if inflight[target] == 0 and not self._slower(other, target, batch):
+            follow = other in allowed and not self._slower(other, target, batch)
+            if inflight[target] == 0 and follow:
                 self._target = other
             else:
                 self._draining = True

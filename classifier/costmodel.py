@@ -306,7 +306,10 @@ class CostModelPolicy:
     def _consolidate(self, inflight: dict[Route, int]) -> tuple[Route, str]:
         """One GPU with requests in flight: keep the batch on the target server."""
         cfg = self._config
-        total = inflight[SPEC] + inflight[BASE] + 1
+        # The carrier must be able to take the load the GPU has been under, not
+        # just the few requests of a ramp after a lull (it would take them, then
+        # hand them back at the guard's limit, a split either way).
+        total = max(inflight[SPEC] + inflight[BASE] + 1, self._consolidation.load)
         allowed = frozenset((SPEC, BASE) if total <= cfg.spec_max_inflight else (BASE,))
         return self._consolidation.update(inflight, allowed), "consolidate"
 

@@ -128,6 +128,8 @@ def test_a_route_a_guard_rules_out_never_carries_the_batch() -> None:
         assert target.update(busy(10, 10), frozenset((BASE,))) is BASE
         assert target.update(busy(0, 20), frozenset((BASE,))) is BASE
     assert target.trials == 0
+    fresh = ConsolidationTarget(initial=BASE)  # nor is load followed onto it
+    assert fresh.update(busy(3, 0), frozenset((BASE,))) is BASE
 
 
 def test_odd_measurements_are_ignored() -> None:

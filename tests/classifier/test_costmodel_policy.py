@@ -334,6 +334,19 @@ def test_a_long_prompt_prefilling_on_one_server_sends_the_next_request_to_the_ot
     assert d.predicted_s[BASE] - p.predict(CREATIVE, spec_state())[BASE] > 1.0
 
 
+def test_after_a_lull_the_ramp_does_not_follow_onto_a_server_the_load_will_rule_out() -> None:
+    """The GPU ran 32 requests; after a lull the first one went to the speculative
+    server alone. The ramp back to 32 stays on the baseline: speculative could take
+    only 16 (spec_max_inflight) and would then hand its batch back."""
+    p = policy()
+    for _ in range(50):
+        p.decide(CHAT, LiveState(BackendState(), BackendState(inflight=31)))
+    d = p.decide(STRUCTURED, spec_state(inflight=1))
+    assert (d.route, d.reason) == (BASE, "consolidate")
+    fresh = policy()  # never under load: following the load is the cheap choice
+    assert fresh.decide(STRUCTURED, spec_state(inflight=1)).route is SPEC
+
+
 def test_no_exploration_while_the_shared_gpu_is_busy() -> None:
     p = policy(explore_share=0.5)
     loaded = LiveState(BackendState(inflight=3), BackendState())
