@@ -48,7 +48,7 @@ from classifier.consolidation import ConsolidationTarget
 from classifier.features import RequestFeatures, Workload
 from classifier.latency import LatencyModel, LatencyParameters, LatencyPriors
 from classifier.output_length import OutputLengthModel
-from classifier.policy import BackendState, Decision, LiveState, Route
+from classifier.policy import Decision, LiveState, Route
 from classifier.speculation import expected_tokens_per_step
 
 __all__ = [
@@ -103,8 +103,7 @@ class PredictionErrors:
 
     def since(self, earlier: PredictionErrors | None) -> PredictionErrors:
         """The answers between an earlier read and this one (None: all of them)."""
-        if earlier is None:
-            return PredictionErrors(self.count, self.as_sent, self.given_length)
+        earlier = earlier or PredictionErrors()
         return PredictionErrors(
             self.count - earlier.count,
             self.as_sent - earlier.as_sent,
@@ -195,12 +194,7 @@ def send_batch(state: LiveState, route: Route, n: int = 1) -> int:
     The gateway fills Observation.batch with this, from the same snapshot it
     passed to decide, so the model learns on the quantity it predicts with.
     """
-    return load(state.of(route)) + max(n, 1)
-
-
-def load(backend: BackendState) -> int:
-    """Requests in flight on a backend: the gateway's count or its own, the higher."""
-    return max(backend.inflight, backend.running or 0)
+    return state.of(route).load + max(n, 1)
 
 
 class CostModelPolicy:
@@ -289,7 +283,7 @@ class CostModelPolicy:
         spec = state.speculative
         if spec.kv_cache_usage is not None and spec.kv_cache_usage >= cfg.spec_max_kv_usage:
             route, reason = BASE, "kv-pressure"
-        elif max(spec.inflight, spec.running or 0) >= cfg.spec_max_inflight:
+        elif spec.load >= cfg.spec_max_inflight:
             route, reason = BASE, "spec-busy"
         elif gpu_busy:
             route, reason = self._consolidate(inflight)

@@ -48,6 +48,12 @@ class BackendState:
     # (their first token is not seen), so this is a lower bound.
     prefill_tokens: int = 0
 
+    @property
+    def load(self) -> int:
+        """Requests in flight there: the gateway's count or the server's own, the higher
+        (other clients may use it too; a scrape may be an interval old)."""
+        return max(self.inflight, self.running or 0)
+
 
 @dataclass(frozen=True, slots=True)
 class LiveState:
@@ -122,7 +128,7 @@ class RulesPolicy:
         cfg = self._config
         if spec.kv_cache_usage is not None and spec.kv_cache_usage >= cfg.spec_max_kv_usage:
             return Route.BASELINE, "kv-pressure"
-        if max(spec.inflight, spec.running or 0) >= cfg.spec_max_inflight:
+        if spec.load >= cfg.spec_max_inflight:
             return Route.BASELINE, "spec-busy"
         if f.workload is Workload.CREATIVE or f.temperature > cfg.creative_min_temperature:
             return Route.BASELINE, "high-temperature"

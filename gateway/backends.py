@@ -115,7 +115,6 @@ class BackendPool:
         self._backends = {route: Backend.from_config(route, config.of(route)) for route in Route}
         for route, backend in self._backends.items():
             metrics.prefill_pending.labels(route.value).set_function(backend.prefill_tokens)
-        for route in Route:
             metrics.inflight.labels(route.value).set(0)
             metrics.backend_up.labels(route.value).set(1)
 
