@@ -32,9 +32,7 @@ import argparse
 import asyncio
 import statistics
 import sys
-import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +45,7 @@ from classifier.costmodel import CostModelPolicy, PredictionErrors  # noqa: E402
 from classifier.policy import Route  # noqa: E402
 from classifier.tokens import load_tiktoken_counter  # noqa: E402
 from gateway.app import create_app  # noqa: E402
+from gateway.loadgen import Result, run_closed_loop  # noqa: E402
 from gateway.local_stack import MODEL, gateway_config, local_stack, serve_app  # noqa: E402
 from gateway.state import RUNTIME  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
@@ -59,41 +58,14 @@ POLICIES = ("cost-model", "rules", "static-speculative", "static-baseline")
 TRUTH = {"structured": 0.80, "code": 0.75, "chat": 0.3775, "creative": 0.25, "long_context": 0.50}
 
 
-@dataclass(frozen=True, slots=True)
-class Sent:
-    e2e_s: float
-    route: str | None
-    reason: str | None
-
-
-async def send(session: aiohttp.ClientSession, url: str, request: Request) -> Sent:
-    body = {**request.body, "stream": True}
-    started = time.perf_counter()
-    async with session.post(f"{url}{request.path}", json=body) as resp:
-        assert resp.status == 200, await resp.text()
-        await resp.read()
-    headers = resp.headers
-    return Sent(
-        time.perf_counter() - started,
-        headers.get("x-specroute-route"),
-        headers.get("x-specroute-reason"),
-    )
-
-
-async def closed_loop(url: str, requests: list[Request], concurrency: int) -> list[Sent]:
-    results: list[Sent | None] = [None] * len(requests)
-    next_index = 0
+async def closed_loop(url: str, requests: list[Request], concurrency: int) -> list[Result]:
+    """All of `requests` through `url` with `concurrency` in flight; every one must succeed."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-
-        async def worker() -> None:
-            nonlocal next_index
-            while next_index < len(requests):
-                i = next_index
-                next_index += 1
-                results[i] = await send(session, url, requests[i])
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return [r for r in results if r is not None]
+        results = await run_closed_loop(session, url, requests, concurrency)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests to {url} failed, first: {failed[0]}")
+    return results
 
 
 async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
