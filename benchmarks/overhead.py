@@ -31,7 +31,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.local_stack import wait_healthy  # noqa: E402
+from tooling.local_stack import wait_healthy  # noqa: E402
 
 CHAT = {"model": "emulated-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/policy_vs_oracle.py --gpus 2   # a GPU per server
     .venv/bin/python benchmarks/policy_vs_oracle.py --smoke    # small counts (CI)
 
-On EMULATED backends (GPU-shaped timing, see gateway/emulator/CALIBRATION.md),
+On EMULATED backends (GPU-shaped timing, see tooling/emulator/CALIBRATION.md),
 for each concurrency: the same mixed request set (structured, SQL, code,
 creative, RAG, chat) is sent through gateways running the cost model, the
 rules, and each static route; each request's better time of the two static
@@ -45,11 +45,11 @@ from classifier.costmodel import CostModelPolicy, PredictionErrors  # noqa: E402
 from classifier.policy import Route  # noqa: E402
 from classifier.tokens import load_tiktoken_counter  # noqa: E402
 from gateway.app import create_app  # noqa: E402
-from gateway.loadgen import Result, run_closed_loop  # noqa: E402
-from gateway.local_stack import MODEL, gateway_config, local_stack, serve_app  # noqa: E402
 from gateway.state import RUNTIME  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
-from gateway.workloads import Request, build  # noqa: E402
+from tooling.loadgen import Result, run_closed_loop  # noqa: E402
+from tooling.local_stack import MODEL, gateway_config, local_stack, serve_app  # noqa: E402
+from tooling.workloads import Request, build  # noqa: E402
 
 POLICIES = ("cost-model", "rules", "static-speculative", "static-baseline")
 # The emulator's per-position acceptance for these requests (CALIBRATION.md):

@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
-from gateway.local_stack import wait_healthy  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
-from gateway.workloads import build  # noqa: E402
+from tooling.local_stack import wait_healthy  # noqa: E402
+from tooling.workloads import build  # noqa: E402
 
 MODEL = "emulated-model"
 

@@ -1,16 +1,21 @@
-"""`specroute serve | emulate | demo | bench | advise | train`: the command line."""
+"""`specroute serve | emulate | demo | bench | advise | train`: the command line.
+
+Only `serve` is production code; every other command lives in tooling/ and is
+imported only when it runs, so the gateway starts without the bench, the
+emulator, scikit-learn or matplotlib.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import sys
 from pathlib import Path
+from typing import Protocol, cast
 
 from classifier.policy import Route
-from gateway.advise import add_arguments as add_advise_arguments
-from gateway.bench.cli import add_arguments as add_bench_arguments
 from gateway.config import (
     BackendConfig,
     BackendsConfig,
@@ -22,11 +27,74 @@ from gateway.config import (
 from gateway.telemetry import configure_logging
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specroute", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+class _Command(Protocol):
+    """What a tooling module offers as a subcommand."""
 
-    serve = commands.add_parser("serve", help="run the gateway")
+    def add_arguments(self, p: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace, argv: list[str]) -> int: ...
+
+
+# name -> (module, help, description): the module is imported only for the command that runs.
+_TOOLS = {
+    "demo": (
+        "tooling.demo",
+        "no-GPU demo: EMULATED backends, the gateway, a short mixed workload",
+        None,
+    ),
+    "bench": (
+        "tooling.bench.cli",
+        "drive a workload at baseline, speculative and gateway side by side; table, JSON, PNG",
+        "Drive the same requests at every target and compare them paired: speedup over the "
+        "baseline, acceptance, the per-request oracle and the gateway's regret.",
+    ),
+    "advise": (
+        "tooling.advise",
+        "from a bench JSON or an outcome log: speculate or not, per workload, and why",
+        None,
+    ),
+    "train": (
+        "tooling.train",
+        "fit the acceptance model from outcome logs (needs the `train` extra: scikit-learn)",
+        None,
+    ),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["emulate"]:  # its own parser: every knob of the emulator is a flag
+        from tooling.emulator import main as emulate
+
+        return emulate(argv[1:])
+    parser = argparse.ArgumentParser(prog="specroute", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_serve_arguments(commands.add_parser("serve", help="run the gateway"))
+    commands.add_parser(
+        "emulate",
+        help="run one EMULATED vLLM server (see `specroute emulate --help`)",
+        add_help=False,
+    )
+    tool: _Command | None = None
+    for name, (module, help_text, description) in _TOOLS.items():
+        sub = commands.add_parser(name, help=help_text, description=description or help_text)
+        if argv[:1] == [name]:
+            tool = cast(_Command, importlib.import_module(module))
+            tool.add_arguments(sub)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if tool is not None:
+            return tool.run(args, argv[1:])
+    except ConfigError as exc:
+        print(f"specroute: {exc}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--config", type=Path, default=None, help="config.toml (default: ./config.toml if present)"
     )
@@ -44,77 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="start two EMULATED vLLM backends in-process and serve in front of them",
     )
-    demo = commands.add_parser(
-        "demo", help="no-GPU demo: EMULATED backends, the gateway, a short mixed workload"
-    )
-    demo.add_argument("--requests", type=int, default=6, help="requests per workload and target")
-    demo.add_argument("--concurrency", type=int, default=2)
-    demo.add_argument("--time-scale", type=float, default=0.5, help="emulator time scale")
-
-    bench = commands.add_parser(
-        "bench",
-        help="drive a workload at baseline, speculative and gateway side by side; table, JSON, PNG",
-        description="Drive the same requests at every target and compare them paired: "
-        "speedup over the baseline, acceptance, the per-request oracle and the gateway's regret.",
-    )
-    add_bench_arguments(bench)
-    advise = commands.add_parser(
-        "advise",
-        help="from a bench JSON or an outcome log: speculate or not, per workload, and why",
-    )
-    add_advise_arguments(advise)
-
-    commands.add_parser(
-        "emulate",
-        help="run one EMULATED vLLM server (see `specroute emulate --help`)",
-        add_help=False,
-    )
-
-    train = commands.add_parser("train", help="fit the acceptance model from outcome logs")
-    train.add_argument("outcomes", type=Path, nargs="+", help="outcome log JSONL file(s)")
-    train.add_argument("--out", type=Path, required=True, help="model file to write (JSON)")
-    train.add_argument(
-        "--num-speculative-tokens", type=int, default=4, help="k of the speculative server"
-    )
-
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["emulate"]:  # its own parser: every knob of the emulator is a flag
-        from gateway.emulator import main as emulate
-
-        return emulate(argv[1:])
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "demo":
-            from gateway.demo import run_demo
-
-            configure_logging("warning")
-            return asyncio.run(
-                run_demo(
-                    per_workload=args.requests,
-                    concurrency=args.concurrency,
-                    time_scale=args.time_scale,
-                )
-            )
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "bench":
-            from gateway.bench.cli import main as bench_main
-
-            configure_logging("warning")
-            return bench_main(args, argv[1:])
-        if args.command == "advise":
-            from gateway.advise import main as advise_main
-
-            return advise_main(args)
-        if args.command == "train":
-            from gateway.train import run
-
-            return run(args.outcomes, args.out, args.num_speculative_tokens)
-    except ConfigError as exc:
-        print(f"specroute: {exc}", file=sys.stderr)
-        return 2
-    parser.error(f"unknown command {args.command}")
-    return 2
 
 
 def resolve_config(
@@ -168,9 +165,11 @@ def _parse_backends(items: list[str]) -> dict[Route, str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.serve import serve, serve_emulated
+    from gateway.serve import serve
 
     if args.emulate:
+        from tooling.local_stack import serve_emulated
+
         configure_logging("info")
         asyncio.run(serve_emulated(args.host or "127.0.0.1", args.port or 8080, time_scale=1.0))
         return 0

@@ -80,21 +80,3 @@ def reload(app: web.Application, reread: Callable[[], Config]) -> bool:
         return False
     log.info("config_reloaded", changed=changed)
     return True
-
-
-async def serve_emulated(host: str, port: int, time_scale: float) -> None:
-    """A gateway with two EMULATED backends, until Ctrl-C: for trying the SDK by hand."""
-    from gateway.local_stack import MODEL, local_stack
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with local_stack(time_scale=time_scale, gateway_host=host, gateway_port=port) as stack:
-        print(
-            f"specroute gateway on {stack.gateway}/v1 in front of two EMULATED vLLM servers "
-            f"(speculative {stack.speculative}, baseline {stack.baseline}; model {MODEL!r}; "
-            "modelled timing, no model runs). Ctrl-C stops.",
-            flush=True,
-        )
-        await stop.wait()

@@ -18,12 +18,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from classifier.tokens import TokenCounter
-from gateway.advise import load, memory
-from gateway.bench.targets import cache_config, probe
 from gateway.cli import main
-from gateway.loadgen import send_one
-from gateway.local_stack import MODEL, local_stack
-from gateway.workloads import build
+from tooling.advise import load, memory
+from tooling.bench.targets import cache_config, probe
+from tooling.loadgen import send_one
+from tooling.local_stack import MODEL, local_stack
+from tooling.workloads import build
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "deploy" / "cpu" / "fixtures"

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.cli import add_arguments, options
 from gateway.cli import main
 from gateway.config import ConfigError
+from tooling.bench.cli import add_arguments, options
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,13 +19,13 @@ import pytest
 
 from classifier.features import Endpoint, extract_features
 from classifier.tokens import TokenCounter
-from gateway.bench import BenchOptions, run_bench
-from gateway.bench.plan import load_jsonl, poisson_offsets, replay_offsets
 from gateway.config import ConfigError, parse_config
-from gateway.loadgen import send_one
-from gateway.local_stack import MODEL, local_stack
 from gateway.recorder import ExactCounter, Placeholders, Recorder, redact_body
-from gateway.workloads import Request, build
+from tooling.bench import BenchOptions, run_bench
+from tooling.bench.plan import load_jsonl, poisson_offsets, replay_offsets
+from tooling.loadgen import send_one
+from tooling.local_stack import MODEL, local_stack
+from tooling.workloads import Request, build
 
 SECRET = "Zanzibar-7731"  # in every original prompt; must be in no recorded line
 

@@ -2,7 +2,7 @@
 
 `outcome(route, features, batch, seed)` is a pure function: what one request
 would measure on one route when it joins a batch of `batch` sequences. Its
-costs follow the emulator's engine shape (gateway/emulator/config.py): a step
+costs follow the emulator's engine shape (tooling/emulator/config.py): a step
 costs a fixed overhead, a weights read, per-sequence KV reads and per-token
 compute; a speculative step also runs the draft k times (each c x a target
 step), verifies k + 1 tokens per sequence and pays a rejection-sampler

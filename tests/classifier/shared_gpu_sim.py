@@ -2,7 +2,7 @@
 
 (simulate(gpus=2) gives each engine its own GPU, to compare.)
 
-The emulator's timing (gateway/emulator/costs.py: the same step costs, the same
+The emulator's timing (tooling/emulator/costs.py: the same step costs, the same
 chunked-prefill budget, the same position-by-position draft acceptance) without
 its wall clock, so a router can be run over thousands of requests at any
 concurrency in seconds. As with the emulator's SharedGpu, the two engines take
@@ -12,9 +12,9 @@ router cannot simply send each request to the route that would be faster on
 an otherwise idle GPU: two half-full batches cost two weight reads per round
 where one full batch costs one.
 
-The requests are the built-in workloads' own bodies (gateway/workloads.py),
+The requests are the built-in workloads' own bodies (tooling/workloads.py),
 featurised by the gateway's extractor; each one's true acceptance is the
-emulator's (gateway/emulator/acceptance.py). Run it for a table:
+emulator's (tooling/emulator/acceptance.py). Run it for a table:
 
     .venv/bin/python tests/classifier/shared_gpu_sim.py
 """
@@ -42,10 +42,10 @@ from classifier import (
 from classifier.costmodel import CostModelConfig, CostModelPolicy, Observation, send_batch
 from classifier.features import extract_features
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from gateway.emulator.acceptance import classify, draw_accepted, request_acceptance
-from gateway.emulator.config import EmulatorConfig
-from gateway.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
-from gateway.workloads import build
+from tooling.emulator.acceptance import classify, draw_accepted, request_acceptance
+from tooling.emulator.config import EmulatorConfig
+from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
+from tooling.workloads import build
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 MIXED = ["structured", "sql", "code", "creative", "rag", "chat"]

@@ -5,7 +5,7 @@
 
 It records its command line and its start and ready times in
 $FAKE_VLLM_RECORD_DIR/<port>.json, waits $FAKE_VLLM_STARTUP_S (a model
-loading), then serves the emulated vLLM server (gateway.emulator: the same
+loading), then serves the emulated vLLM server (tooling.emulator: the same
 API and /metrics names) on the given port until SIGTERM. With
 $FAKE_VLLM_FAIL set it exits 1 at once, like a server that cannot start.
 """
@@ -73,7 +73,7 @@ def main() -> int:
         "speculative" if args.speculative_config else "baseline"
     )
     try:
-        from gateway.emulator import EmulatorConfig, create_emulator_app
+        from tooling.emulator import EmulatorConfig, create_emulator_app
 
         app = create_emulator_app(
             EmulatorConfig(mode=mode, model=args.served_model_name, time_scale=0.01)

@@ -112,9 +112,9 @@ async def test_prometheus_scrapes_the_gateway_and_answers_promql(tmp_path: Path)
         "prometheus", "CI: apt-get install -y prometheus (the Debian package's server)"
     )
     try:
-        from gateway.emulator import EmulatorConfig, create_emulator_app
+        from tooling.emulator import EmulatorConfig, create_emulator_app
     except ImportError as exc:  # pragma: no cover - only while the emulator is being written
-        pytest.skip(f"SKIPPED LOUDLY: gateway.emulator is not importable yet ({exc})")
+        pytest.skip(f"SKIPPED LOUDLY: tooling.emulator is not importable yet ({exc})")
 
     runners: list[web.AppRunner] = []
     try:

@@ -79,9 +79,9 @@ async def test_gateway_names_exist_in_a_real_gateway_scrape(
 
 async def test_vllm_names_exist_in_the_emulator_scrape(aiohttp_client: ClientFactory) -> None:
     try:
-        from gateway.emulator import EmulatorConfig, create_emulator_app
+        from tooling.emulator import EmulatorConfig, create_emulator_app
     except ImportError as exc:  # pragma: no cover - only while the emulator is being written
-        pytest.skip(f"SKIPPED LOUDLY: gateway.emulator is not importable yet ({exc})")
+        pytest.skip(f"SKIPPED LOUDLY: tooling.emulator is not importable yet ({exc})")
     used = {n for n in USED if n.startswith("vllm:")}
     for mode in ("speculative", "baseline"):
         app = create_emulator_app(EmulatorConfig(mode=mode, model="m", time_scale=0.01))

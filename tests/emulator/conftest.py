@@ -15,7 +15,7 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
 
-from gateway.emulator import EmulatorConfig, create_emulator_app
+from tooling.emulator import EmulatorConfig, create_emulator_app
 
 StartEmulator = Callable[..., Awaitable[TestClient[Any, Any]]]
 ReadSse = Callable[[ClientResponse], Awaitable[list[Any]]]

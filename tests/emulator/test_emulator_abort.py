@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.emulator import EmulatorConfig, create_emulator_app
+from tooling.emulator import EmulatorConfig, create_emulator_app
 
 BODY = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4000, "ignore_eos": True}
 Serve = Callable[..., Awaitable[str]]

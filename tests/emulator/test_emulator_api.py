@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gateway.emulator.textgen import split_tokens
+from tooling.emulator.textgen import split_tokens
 
 if TYPE_CHECKING:
     from conftest import ReadSse, StartEmulator

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.emulator.calibrate import measure
-from gateway.emulator.config import EmulatorConfig
-from gateway.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
+from tooling.emulator.calibrate import measure
+from tooling.emulator.config import EmulatorConfig
+from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
 
 
 @pytest.mark.slow

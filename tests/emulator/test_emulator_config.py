@@ -11,7 +11,7 @@ import sys
 import aiohttp
 import pytest
 
-from gateway.emulator import EmulatorConfig, add_emulator_arguments, config_from_args
+from tooling.emulator import EmulatorConfig, add_emulator_arguments, config_from_args
 
 
 def _parse(*argv: str) -> tuple[argparse.Namespace, EmulatorConfig]:
@@ -70,7 +70,7 @@ def _free_port() -> int:
 async def test_main_serves_and_says_emulated() -> None:
     """`specroute emulate` as a process: it prints EMULATED, then answers like vLLM."""
     port = _free_port()
-    code = "import sys; from gateway.emulator import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from tooling.emulator import main; sys.exit(main(sys.argv[1:]))"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", code, "--mode", "baseline", "--port", str(port), "--time-scale", "0.1",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.emulator import EMULATOR
+from tooling.emulator import EMULATOR
 
 if TYPE_CHECKING:
     from conftest import StartEmulator

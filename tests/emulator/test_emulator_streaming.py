@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gateway.emulator import ACCEPTANCE_HEADER
+from tooling.emulator import ACCEPTANCE_HEADER
 
 if TYPE_CHECKING:
     from conftest import ReadSse, StartEmulator

@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from gateway.emulator.acceptance import base_acceptance, classify, draw_accepted
-from gateway.emulator.config import EmulatorConfig
-from gateway.emulator.textgen import EOS, count_tokens, plan_answer, split_tokens
+from tooling.emulator.acceptance import base_acceptance, classify, draw_accepted
+from tooling.emulator.config import EmulatorConfig
+from tooling.emulator.textgen import EOS, count_tokens, plan_answer, split_tokens
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,11 @@ from aiohttp.test_utils import TestServer
 
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
-from gateway.local_stack import serve_app
 from tests.gateway.conftest import make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_observability import samples
 from tests.gateway.test_routing import chat
+from tooling.local_stack import serve_app
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.local_stack import wait_healthy
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_routing import chat
+from tooling.local_stack import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ROUTED = chat("hello there", temperature=0.5, max_tokens=6)  # reason "default"

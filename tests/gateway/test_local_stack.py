@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.emulator import EmulatorConfig
-from gateway.local_stack import MODEL, gateway_config, local_stack
+from tooling.emulator import EmulatorConfig
+from tooling.local_stack import MODEL, gateway_config, local_stack
 
 EMULATOR = EmulatorConfig(mode="speculative", model=MODEL)
 

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from classifier.tokens import load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.local_stack import serve_app
+from tooling.local_stack import serve_app
 
 pytestmark = [
     pytest.mark.vllm,

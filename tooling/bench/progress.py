@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TextIO
 
-from gateway.loadgen import Result
+from tooling.loadgen import Result
 
 _WIDTH = 24
 

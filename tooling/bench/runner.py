@@ -18,10 +18,10 @@ from typing import Any
 
 import aiohttp
 
-from gateway.bench.plan import Cell
-from gateway.bench.progress import Progress
-from gateway.bench.targets import acceptance_json, kv_usage, scrape
-from gateway.loadgen import Result, run_closed_loop, run_open_loop
+from tooling.bench.plan import Cell
+from tooling.bench.progress import Progress
+from tooling.bench.targets import acceptance_json, kv_usage, scrape
+from tooling.loadgen import Result, run_closed_loop, run_open_loop
 
 KV_SAMPLE_S = 0.5
 

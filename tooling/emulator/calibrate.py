@@ -1,6 +1,6 @@
 """Measure the emulator's calibration: speculative vs baseline, end to end over HTTP.
 
-`python -m gateway.emulator.calibrate [time_scale]` starts an emulated baseline
+`python -m tooling.emulator.calibrate [time_scale]` starts an emulated baseline
 and an emulated speculative server, sends each workload to both, and prints
 the speedups (baseline e2e / speculative e2e, > 1 means speculation wins). The
 calibration test runs the same function, so the README's numbers and the test's

@@ -6,12 +6,12 @@ each load level; the report pairs them request by request: the speedup of
 each target over the baseline, acceptance from vLLM's counters and from the
 per-request metrics, the per-request oracle (the faster backend) and the
 gateway's regret against it. Outputs: a table on stdout, a progress bar (or
-one line per run) on stderr, a JSON document (schema in gateway/bench/report.py)
-and a PNG (gateway/bench/plot.py). Every header says which backends answered,
+one line per run) on stderr, a JSON document (schema in tooling/bench/report.py)
+and a PNG (tooling/bench/plot.py). Every header says which backends answered,
 and says EMULATED when the emulator did, so its figures are never taken for a
 GPU's.
 
-run_bench is the core; `specroute bench` (gateway/bench/cli.py) and
+run_bench is the core; `specroute bench` (tooling/bench/cli.py) and
 `specroute demo` are thin layers on it.
 """
 
@@ -28,12 +28,12 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from gateway.bench.plan import Load, cells, is_file
-from gateway.bench.progress import Progress
-from gateway.bench.report import SCHEMA, header, table
-from gateway.bench.runner import CellRun, result_json, run_cells
-from gateway.bench.stats import SPEC, overall_regret, rows
-from gateway.bench.targets import TargetInfo, probe
+from tooling.bench.plan import Load, cells, is_file
+from tooling.bench.progress import Progress
+from tooling.bench.report import SCHEMA, header, table
+from tooling.bench.runner import CellRun, result_json, run_cells
+from tooling.bench.stats import SPEC, overall_regret, rows
+from tooling.bench.targets import TargetInfo, probe
 
 _MAX_CONNECTIONS = 1024
 
@@ -184,7 +184,7 @@ def _finish(
         opts.json_path.write_text(json.dumps(doc, indent=1) + "\n")
         text += f"\nwrote {opts.json_path}"
     if opts.plot_path is not None and done:
-        from gateway.bench.plot import PlotUnavailable, plot
+        from tooling.bench.plot import PlotUnavailable, plot
 
         try:
             plot(doc, opts.plot_path)

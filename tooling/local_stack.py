@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ from aiohttp import web
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import Config, parse_config
-from gateway.emulator import EmulatorConfig, SharedGpu, create_emulator_app
+from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
 
 MODEL = "emulated-model"
 
@@ -125,3 +126,19 @@ async def local_stack(
     finally:
         for runner in reversed(runners):
             await runner.cleanup()
+
+
+async def serve_emulated(host: str, port: int, time_scale: float) -> None:
+    """A gateway with two EMULATED backends, until Ctrl-C: for trying the SDK by hand."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with local_stack(time_scale=time_scale, gateway_host=host, gateway_port=port) as stack:
+        print(
+            f"specroute gateway on {stack.gateway}/v1 in front of two EMULATED vLLM servers "
+            f"(speculative {stack.speculative}, baseline {stack.baseline}; model {MODEL!r}; "
+            "modelled timing, no model runs). Ctrl-C stops.",
+            flush=True,
+        )
+        await stop.wait()

@@ -22,7 +22,7 @@ from typing import Any
 
 from classifier.features import Endpoint, extract_features
 from classifier.tokens import TokenCounter
-from gateway.workloads import BUILTIN, MIXES, Request, build
+from tooling.workloads import BUILTIN, MIXES, Request, build
 
 RECORDED = "recorded"
 # With --duration, a cell's request list is at most this long, cut at the deadline.

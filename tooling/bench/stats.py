@@ -26,9 +26,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from gateway.bench.plan import RECORDED, Load
-from gateway.bench.runner import CellRun
-from gateway.loadgen import Result
+from tooling.bench.plan import RECORDED, Load
+from tooling.bench.runner import CellRun
+from tooling.loadgen import Result
 
 BASE, SPEC, GATEWAY = "baseline", "speculative", "gateway"
 

@@ -10,13 +10,32 @@ choices, so the two can never disagree about a figure.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import sys
 import time
 from typing import TextIO
 
-from gateway.bench import BenchOptions, run_bench
-from gateway.local_stack import local_stack
-from gateway.workloads import MIXES
+from tooling.bench import BenchOptions, run_bench
+from tooling.local_stack import local_stack
+from tooling.workloads import MIXES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int, default=6, help="requests per workload and target")
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--time-scale", type=float, default=0.5, help="emulator time scale")
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from gateway.telemetry import configure_logging
+
+    configure_logging("warning")
+    return asyncio.run(
+        run_demo(
+            per_workload=args.requests, concurrency=args.concurrency, time_scale=args.time_scale
+        )
+    )
 
 
 async def run_demo(

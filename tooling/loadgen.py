@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.workloads import Request
+from tooling.workloads import Request
 
 
 @dataclass(frozen=True, slots=True)

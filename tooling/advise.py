@@ -8,7 +8,7 @@ then the talk's checklist answered from the data, and what the speculative
 server's memory costs: draft weights and KV, read from the backends'
 vllm:cache_config_info where they expose it (a bench records it; --spec-url /
 --base-url read it live), else from --draft-gb / --draft-kv-gb, and it says
-which. The analysis itself is gateway/bench/advice.py.
+which. The analysis itself is tooling/bench/advice.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.advice import Facts, from_bench, from_outcomes
+from tooling.bench.advice import Facts, from_bench, from_outcomes
 
 GIB = 1024**3
 
@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", help="read the baseline server's cache config from its /metrics")
     p.add_argument("--k", type=int, default=4, help="outcome log: num_speculative_tokens")
     p.add_argument("--c", type=float, default=0.1, help="outcome log: draft cost ratio")
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    return main(args)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -94,7 +98,7 @@ def load(paths: list[Path]) -> tuple[str, Any]:
 async def _live(spec_url: str | None, base_url: str | None) -> dict[str, dict[str, str] | None]:
     import aiohttp
 
-    from gateway.bench.targets import cache_config
+    from tooling.bench.targets import cache_config
 
     out: dict[str, dict[str, str] | None] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:

@@ -8,6 +8,7 @@ speculative requests with a measured acceptance, and writes the model as JSON
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterator
@@ -46,7 +47,19 @@ def _row(line: str) -> dict[str, Any] | None:
     return {**features, "acceptance": acceptance, "weight": weight}
 
 
-def run(paths: list[Path], out: Path, num_speculative_tokens: int) -> int:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("outcomes", type=Path, nargs="+", help="outcome log JSONL file(s)")
+    p.add_argument("--out", type=Path, required=True, help="model file to write (JSON)")
+    p.add_argument(
+        "--num-speculative-tokens", type=int, default=4, help="k of the speculative server"
+    )
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    return train(args.outcomes, args.out, args.num_speculative_tokens)
+
+
+def train(paths: list[Path], out: Path, num_speculative_tokens: int) -> int:
     try:
         records = list(records_from_outcome_log(paths))
         model = fit_acceptance_model(records, num_speculative_tokens=num_speculative_tokens)

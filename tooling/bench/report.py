@@ -36,14 +36,14 @@ JSON schema ("schema": "specroute-bench/1"), everything a later `advise` needs:
             "oracle_e2e_mean_s": float | null, "regret": float | null,
             "oracle_agreement": share of gateway routes that were the faster one | null}
 
-Definitions: gateway/bench/stats.py.
+Definitions: tooling/bench/stats.py.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.bench.stats import BASE, GATEWAY, SPEC
+from tooling.bench.stats import BASE, GATEWAY, SPEC
 
 SCHEMA = "specroute-bench/1"
 EMULATED_NOTE = (

@@ -18,9 +18,9 @@ import asyncio
 import sys
 from pathlib import Path
 
-from gateway.bench import BenchOptions, BenchOutcome, run_bench
-from gateway.bench.plan import builtin_names, is_file, parse_list
 from gateway.config import ConfigError, normalize_backend_url
+from tooling.bench import BenchOptions, BenchOutcome, run_bench
+from tooling.bench.plan import builtin_names, is_file, parse_list
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,6 +126,13 @@ def options(args: argparse.Namespace, argv: list[str]) -> BenchOptions:
     )
 
 
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from gateway.telemetry import configure_logging
+
+    configure_logging("warning")
+    return main(args, argv)
+
+
 def main(args: argparse.Namespace, argv: list[str]) -> int:
     """Exit status: 0; 1 if any request failed; 3 if the plot could not be drawn; 130 on ^C."""
     opts = options(args, argv)
@@ -147,7 +154,7 @@ async def _run(opts: BenchOptions, emulate: bool, time_scale: float) -> BenchOut
         return await run_bench(opts)
     from dataclasses import replace
 
-    from gateway.local_stack import local_stack
+    from tooling.local_stack import local_stack
 
     async with local_stack(time_scale=time_scale) as stack:
         targets = {
