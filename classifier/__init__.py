@@ -19,11 +19,19 @@ from classifier.costmodel import (
     Observation,
     send_batch,
 )
-from classifier.features import Endpoint, RequestFeatures, Workload, extract_features
-from classifier.latency import LatencyParameters, LatencyPriors
+from classifier.features import (
+    Endpoint,
+    FeatureOptions,
+    RequestFeatures,
+    Workload,
+    extract_features,
+)
+from classifier.latency import LatencyParameters, LatencyPriors, RouteLoad
 from classifier.policy import (
     BackendState,
     Decision,
+    FinishedRequest,
+    GuardsConfig,
     LiveState,
     Policy,
     Route,
@@ -43,6 +51,9 @@ __all__ = [
     "CostModelPolicy",
     "Decision",
     "Endpoint",
+    "FeatureOptions",
+    "FinishedRequest",
+    "GuardsConfig",
     "LatencyParameters",
     "LatencyPriors",
     "LiveState",
@@ -51,6 +62,7 @@ __all__ = [
     "Policy",
     "RequestFeatures",
     "Route",
+    "RouteLoad",
     "RulesConfig",
     "RulesPolicy",
     "StaticPolicy",

@@ -1,17 +1,18 @@
 """CostModelPolicy: send each request where its predicted latency is smaller.
 
-    predicted(route) = LatencyModel(route, prompt tokens, expected output
-                       tokens, batch on that backend, waiting there,
-                       tokens per step = 1 | tokens_per_step(a, k))
+    predicted(route) = LatencyModel(route, RouteLoad(prompt tokens, expected
+                       output tokens, batch on that backend, waiting there,
+                       tokens per step = 1 | tokens_per_step(a, k), ...))
 
 with a from the AcceptanceEstimator and the output length from the
-OutputLengthModel; all three learn from observe(), which the gateway calls
-once per finished request. Order of a decision:
+OutputLengthModel; all three learn from each finished request the gateway
+hands to learn(). Order of a decision:
 
-1. guards, explicit and first: the speculative server's KV cache nearly full
-   ("kv-pressure") or its batch at the limit ("spec-busy") -> baseline, as in
-   RulesPolicy. These are the cases where speculation can hurt everyone on
-   that server, so they are not left to a model that might be wrong.
+1. guards (GuardsConfig), explicit and first: the speculative server's KV
+   cache nearly full ("kv-pressure") or its batch at the limit ("spec-busy")
+   -> baseline, as in RulesPolicy. These are the cases where speculation can
+   hurt everyone on that server, so they are not left to a model that might
+   be wrong.
 2. both servers on one busy GPU (shared_gpu, and a request in flight on
    either): the whole batch belongs on one server, the ConsolidationTarget
    ("consolidate"). The idle one is never woken for a single request: its
@@ -33,7 +34,7 @@ once per finished request. Order of a decision:
 
 Randomness comes only from the policy's own random.Random(seed), so the same
 seed and the same calls give the same decisions. Not thread-safe: the gateway
-calls decide and observe from its one event loop.
+calls decide and learn from its one event loop.
 """
 
 from __future__ import annotations
@@ -46,9 +47,16 @@ from classifier.acceptance import AcceptanceEstimator, AcceptancePriors
 from classifier.acceptance_model import AcceptanceModel
 from classifier.consolidation import ConsolidationTarget
 from classifier.features import RequestFeatures, Workload
-from classifier.latency import LatencyModel, LatencyParameters, LatencyPriors
+from classifier.latency import LatencyModel, LatencyParameters, LatencyPriors, RouteLoad
 from classifier.output_length import OutputLengthModel
-from classifier.policy import Decision, LiveState, Route
+from classifier.policy import (
+    DEFAULT_GUARDS,
+    Decision,
+    FinishedRequest,
+    GuardsConfig,
+    LiveState,
+    Route,
+)
 from classifier.speculation import expected_tokens_per_step
 
 __all__ = [
@@ -123,8 +131,6 @@ class CostModelConfig:
     draft_cost_ratio: float = 0.1  # c: one draft pass / one target step
     explore_share: float = 0.03
     explore_max_slowdown: float = 2.0  # never explore a route predicted slower than this x
-    spec_max_inflight: int = 16  # speculative batch at/above this -> baseline
-    spec_max_kv_usage: float = 0.9  # speculative KV cache at/above this -> baseline
     seed: int = 0
     # Both servers on one GPU (the usual deployment): while the other server is
     # busy, each step of one also waits for a step of the other.
@@ -151,7 +157,7 @@ class CostModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """One finished, successful request, as the gateway measured it.
+    """One finished, successful request, with the load it met (learn builds it).
 
     prompt_tokens is kept for logs; the fit uses features.prompt_tokens, the
     gateway's own count, because that is what every prediction is made from
@@ -176,23 +182,11 @@ class Observation:
     prefill_ahead: int = 0  # BackendState.prefill_tokens of its route at send time
 
 
-@dataclass(frozen=True, slots=True)
-class _Load:
-    """One route's inputs to a prediction for one request."""
-
-    output_tokens: float
-    tokens_per_step: float
-    batch: int
-    waiting: int
-    other_batch: int
-    prefill_ahead: int
-
-
 def send_batch(state: LiveState, route: Route, n: int = 1) -> int:
     """The batch a request joins: its backend's load (ours or its own, the higher) plus it.
 
-    The gateway fills Observation.batch with this, from the same snapshot it
-    passed to decide, so the model learns on the quantity it predicts with.
+    learn fills Observation.batch with this, from the snapshot decide was given,
+    so the model learns on the quantity it predicts with.
     """
     return state.of(route).load + max(n, 1)
 
@@ -208,6 +202,7 @@ class CostModelPolicy:
         "_error_totals",
         "_errors",
         "_explored",
+        "_guards",
         "_latency",
         "_outputs",
         "_rng",
@@ -215,8 +210,15 @@ class CostModelPolicy:
         "_unit",
     )
 
-    def __init__(self, config: CostModelConfig, model: AcceptanceModel | None = None) -> None:
+    def __init__(
+        self,
+        config: CostModelConfig,
+        model: AcceptanceModel | None = None,
+        *,
+        guards: GuardsConfig = DEFAULT_GUARDS,
+    ) -> None:
         self._config = config
+        self._guards = guards
         k = config.num_speculative_tokens
         self._tps_k = k
         self._latency = LatencyModel(config.latency, k, config.draft_cost_ratio)
@@ -239,52 +241,38 @@ class CostModelPolicy:
 
     def predict(self, f: RequestFeatures, state: LiveState) -> dict[Route, float]:
         """Predicted seconds, send to last byte, on each route for this request now."""
-        return self._predict(f, self._loads(f, state))
+        return self._predict(self._loads(f, state))
 
-    def _loads(self, f: RequestFeatures, state: LiveState) -> dict[Route, _Load]:
+    def _loads(self, f: RequestFeatures, state: LiveState) -> dict[Route, RouteLoad]:
         """What each route's prediction and cost need, computed once per decision."""
         out = self._outputs.predict(f)
         tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
         shared = self._config.shared_gpu
         return {
-            route: _Load(
-                out,
-                tps if route is SPEC else 1.0,
-                send_batch(state, route, f.n),
-                state.of(route).waiting or 0,
-                state.of(route.other).inflight if shared else 0,
-                state.of(route).prefill_tokens,
+            route: RouteLoad(
+                prompt_tokens=f.prompt_tokens,
+                output_tokens=out,
+                batch=send_batch(state, route, f.n),
+                waiting=state.of(route).waiting or 0,
+                tokens_per_step=tps if route is SPEC else 1.0,
+                other_batch=state.of(route.other).inflight if shared else 0,
+                prefill_ahead=state.of(route).prefill_tokens,
             )
             for route in (SPEC, BASE)
         }
 
-    def _predict(self, f: RequestFeatures, loads: dict[Route, _Load]) -> dict[Route, float]:
-        return {
-            route: self._latency.predict(
-                route,
-                f.prompt_tokens,
-                load.output_tokens,
-                load.batch,
-                load.waiting,
-                load.tokens_per_step,
-                other_batch=load.other_batch,
-                prefill_ahead=load.prefill_ahead,
-            )
-            for route, load in loads.items()
-        }
+    def _predict(self, loads: dict[Route, RouteLoad]) -> dict[Route, float]:
+        return {route: self._latency.predict(route, load) for route, load in loads.items()}
 
     def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
         cfg = self._config
         self._decisions += 1
         loads = self._loads(features, state)
-        predicted = self._predict(features, loads)
+        predicted = self._predict(loads)
         inflight = {SPEC: state.speculative.inflight, BASE: state.baseline.inflight}
         gpu_busy = cfg.shared_gpu and (inflight[SPEC] > 0 or inflight[BASE] > 0)
-        spec = state.speculative
-        if spec.kv_cache_usage is not None and spec.kv_cache_usage >= cfg.spec_max_kv_usage:
-            route, reason = BASE, "kv-pressure"
-        elif spec.load >= cfg.spec_max_inflight:
-            route, reason = BASE, "spec-busy"
+        if (guard := self._guards.reason(state.speculative)) is not None:
+            route, reason = BASE, guard
         elif gpu_busy:
             route, reason = self._consolidate(inflight)
         else:
@@ -299,24 +287,22 @@ class CostModelPolicy:
 
     def _consolidate(self, inflight: dict[Route, int]) -> tuple[Route, str]:
         """One GPU with requests in flight: keep the batch on the target server."""
-        cfg = self._config
         # The carrier must be able to take the load the GPU has been under, not
         # just the few requests of a ramp after a lull (it would take them, then
         # hand them back at the guard's limit, a split either way).
         total = max(inflight[SPEC] + inflight[BASE] + 1, self._consolidation.load)
-        allowed = frozenset((SPEC, BASE) if total <= cfg.spec_max_inflight else (BASE,))
+        allowed = frozenset((SPEC, BASE) if total <= self._guards.spec_max_inflight else (BASE,))
         return self._consolidation.update(inflight, allowed), "consolidate"
 
-    def _cost(self, predicted: dict[Route, float], loads: dict[Route, _Load]) -> dict[Route, float]:
+    def _cost(
+        self, predicted: dict[Route, float], loads: dict[Route, RouteLoad]
+    ) -> dict[Route, float]:
         """What a route costs all requests together: this one's latency plus what it adds
         to the others' (the mean latency is what the gateway minimises)."""
         if not self._config.account_for_others:
             return predicted
         return {
-            route: predicted[route]
-            + self._latency.slowdown_of_others(
-                route, load.output_tokens, load.tokens_per_step, load.batch, load.other_batch
-            )
+            route: predicted[route] + self._latency.slowdown_of_others(route, load)
             for route, load in loads.items()
         }
 
@@ -342,6 +328,32 @@ class CostModelPolicy:
         self._explored += 1
         return True
 
+    def learn(self, outcome: FinishedRequest) -> None:
+        """Learn from one finished, successful request, at the load its decision saw.
+
+        An answer without tokens (a backend that sent no usage) teaches nothing.
+        """
+        if outcome.completion_tokens <= 0:
+            return
+        route, f, state = outcome.route, outcome.features, outcome.state
+        prompt = outcome.prompt_tokens
+        self.observe(
+            Observation(
+                route=route,
+                features=f,
+                batch=send_batch(state, route, f.n),
+                waiting=state.of(route).waiting,
+                ttft_s=outcome.ttft_s,
+                duration_s=outcome.duration_s,
+                prompt_tokens=f.prompt_tokens if prompt is None else prompt,
+                completion_tokens=outcome.completion_tokens,
+                acceptance=outcome.acceptance,
+                predicted_s=outcome.predicted_s,
+                other_batch=state.of(route.other).inflight,
+                prefill_ahead=state.of(route).prefill_tokens,
+            )
+        )
+
     def observe(self, obs: Observation) -> None:
         """Learn from one finished request (call only for successful answers)."""
         if not (math.isfinite(obs.duration_s) and obs.duration_s > 0):
@@ -358,38 +370,26 @@ class CostModelPolicy:
                 tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
         else:
             tps = 1.0
-        other_batch = obs.other_batch if self._config.shared_gpu else 0
-        if obs.predicted_s is not None and math.isfinite(obs.predicted_s):
-            explained = self._latency.predict(
-                obs.route,
-                f.prompt_tokens,
-                per_seq,
-                max(obs.batch, 1),
-                obs.waiting or 0,
-                tps,
-                other_batch=other_batch,
-                prefill_ahead=obs.prefill_ahead,
-            )
-            self._record_error(obs.route, obs.predicted_s, explained, obs.duration_s)
-        self._latency.observe(
-            obs.route,
+        load = RouteLoad(
             prompt_tokens=f.prompt_tokens,  # the count the prediction uses, not the backend's
             output_tokens=per_seq,
             batch=max(obs.batch, 1),
             waiting=obs.waiting or 0,
             tokens_per_step=tps,
-            duration_s=obs.duration_s,
-            ttft_s=obs.ttft_s,
-            other_batch=other_batch,
+            other_batch=obs.other_batch if self._config.shared_gpu else 0,
             prefill_ahead=obs.prefill_ahead,
         )
+        if obs.predicted_s is not None and math.isfinite(obs.predicted_s):
+            explained = self._latency.predict(obs.route, load)
+            self._record_error(obs.route, obs.predicted_s, explained, obs.duration_s)
+        self._latency.observe(obs.route, load, duration_s=obs.duration_s, ttft_s=obs.ttft_s)
         self._outputs.observe(f, obs.completion_tokens)
         if (
             self._config.shared_gpu
             and obs.other_batch == 0
             and obs.route is self._consolidation.route
         ):
-            size = self._unit.predict(BASE, f.prompt_tokens, per_seq, 1.0)
+            size = self._unit.predict(BASE, RouteLoad(f.prompt_tokens, per_seq, 1.0))
             self._consolidation.observed(obs.route, obs.batch, obs.duration_s, size)
 
     def _record_error(self, route: Route, predicted: float, explained: float, took: float) -> None:

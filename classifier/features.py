@@ -16,7 +16,7 @@ from typing import Any
 
 from classifier.tokens import TokenCounter
 
-__all__ = ["Endpoint", "RequestFeatures", "Workload", "extract_features"]
+__all__ = ["Endpoint", "FeatureOptions", "RequestFeatures", "Workload", "extract_features"]
 
 # vLLM's /v1/completions defaults max_tokens to 16 (OpenAI's legacy default);
 # a guess above that would overstate the output of every such request.
@@ -71,15 +71,21 @@ class RequestFeatures:
     workload: Workload
 
 
+@dataclass(frozen=True, slots=True)
+class FeatureOptions:
+    """What a request that does not say gets, and where the workload thresholds lie."""
+
+    default_temperature: float = 1.0  # what the backend applies when a request gives none
+    default_output_tokens: int = 256  # expected answer length without max_tokens
+    long_prompt_tokens: int = 2048  # prompts at least this long are long_context
+    creative_min_temperature: float = 1.0  # an explicit temperature from here on is creative
+
+
 def extract_features(
     body: Mapping[str, Any],
     endpoint: Endpoint,
     counter: TokenCounter,
-    *,
-    default_temperature: float = 1.0,
-    default_output_tokens: int = 256,
-    long_prompt_tokens: int = 2048,
-    creative_min_temperature: float = 1.0,
+    options: FeatureOptions = FeatureOptions(),
 ) -> RequestFeatures:
     """Extract the routing features of one already-validated request body.
 
@@ -90,9 +96,9 @@ def extract_features(
     Without max_tokens a completions request is capped at vLLM's default 16.
 
     The workload is the first that applies: structured; long_context
-    (prompt_tokens >= long_prompt_tokens); code; creative; chat. Creative needs
-    a temperature the client set explicitly at or above
-    creative_min_temperature: a request that leaves temperature out gets the
+    (prompt_tokens >= options.long_prompt_tokens); code; creative; chat.
+    Creative needs a temperature the client set explicitly at or above
+    options.creative_min_temperature: a request that leaves temperature out gets the
     server's default (often 1.0), which says nothing about the task.
     """
     texts = list(_chat_texts(body) if endpoint is Endpoint.CHAT else _prompt_texts(body))
@@ -101,26 +107,26 @@ def extract_features(
     code_like = any(_is_code_like(t) for t in texts)
 
     raw_temperature = _number(body.get("temperature"))
-    temperature = float(default_temperature) if raw_temperature is None else raw_temperature
+    temperature = float(options.default_temperature) if raw_temperature is None else raw_temperature
     max_tokens = _int(body.get("max_completion_tokens"))
     if max_tokens is None:
         max_tokens = _int(body.get("max_tokens"))
     if max_tokens is not None:
         expected = max(0, max_tokens)
     elif endpoint is Endpoint.COMPLETIONS:
-        expected = min(default_output_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        expected = min(options.default_output_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
     else:
-        expected = default_output_tokens
+        expected = options.default_output_tokens
     n = _int(body.get("n"))
     structured = _is_structured(body)
 
     if structured:
         workload = Workload.STRUCTURED
-    elif prompt_tokens >= long_prompt_tokens:
+    elif prompt_tokens >= options.long_prompt_tokens:
         workload = Workload.LONG_CONTEXT
     elif code_like:
         workload = Workload.CODE
-    elif raw_temperature is not None and raw_temperature >= creative_min_temperature:
+    elif raw_temperature is not None and raw_temperature >= options.creative_min_temperature:
         workload = Workload.CREATIVE
     else:
         workload = Workload.CHAT

@@ -31,7 +31,7 @@ import numpy as np
 
 from classifier.policy import Route
 
-__all__ = ["LatencyModel", "LatencyParameters", "LatencyPriors", "RouteFit"]
+__all__ = ["LatencyModel", "LatencyParameters", "LatencyPriors", "RouteFit", "RouteLoad"]
 
 _N = 5  # t0, p, s0, s1, q
 # A route's own fit counts with weight min(1, recent / _BORROW_WEIGHT); the
@@ -74,6 +74,33 @@ class LatencyPriors:
             raise ValueError("latency priors: every rate must be a finite number > 0")
         if not (self.prior_weight > 0 and self.memory >= 1 and self.max_factor > 1):
             raise ValueError("latency priors: need prior_weight > 0, memory >= 1, max_factor > 1")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteLoad:
+    """What one request meets on one route: the inputs of a prediction, and of a fit."""
+
+    prompt_tokens: float
+    output_tokens: float
+    batch: float  # requests on that server once this one joins (incl. itself)
+    waiting: float = 0.0  # requests queued there
+    tokens_per_step: float = 1.0  # 1 on the baseline
+    # The other server's batch when both share one GPU (0 if they do not, or it
+    # is idle): each of this request's steps also waits for one step there.
+    other_batch: float = 0.0
+    # Prompt tokens still being prefilled there when it is sent: its own
+    # prefill waits for them, at the same rate per token.
+    prefill_ahead: float = 0.0
+
+    @property
+    def steps(self) -> float:
+        """Decode steps after the first token (which comes out of prefill)."""
+        return max(self.output_tokens - 1.0, 0.0) / max(self.tokens_per_step, 1.0)
+
+    @property
+    def prefill(self) -> float:
+        """Prompt tokens prefilled before its first token: its own and those ahead."""
+        return self.prompt_tokens + max(self.prefill_ahead, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,38 +250,13 @@ class LatencyModel:
             Route.SPECULATIVE: RouteFit(spec, priors),
         }
 
-    def predict(
-        self,
-        route: Route,
-        prompt_tokens: float,
-        output_tokens: float,
-        batch: float,
-        waiting: float = 0.0,
-        tokens_per_step: float = 1.0,
-        other_batch: float = 0.0,
-        prefill_ahead: float = 0.0,
-    ) -> float:
-        """Seconds from send to last byte; tokens_per_step is 1 on the baseline.
+    def predict(self, route: Route, load: RouteLoad) -> float:
+        """Seconds from send to last byte."""
+        steps = load.steps
+        own = self._fits[route].predict(load.prefill, steps, load.batch, load.waiting)
+        return own + steps * self._step(route.other, load.other_batch)
 
-        other_batch: the other server's batch when both share one GPU (0 if
-        they do not, or it is idle): each of this request's steps then also
-        waits for one step of the other server.
-        prefill_ahead: prompt tokens still being prefilled there when it is
-        sent; its own prefill waits for them, at the same rate per token.
-        """
-        steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
-        prefill = prompt_tokens + max(prefill_ahead, 0.0)
-        own = self._fits[route].predict(prefill, steps, batch, waiting)
-        return own + steps * self._step(route.other, other_batch)
-
-    def slowdown_of_others(
-        self,
-        route: Route,
-        output_tokens: float,
-        tokens_per_step: float,
-        batch: float,
-        other_batch: float,
-    ) -> float:
+    def slowdown_of_others(self, route: Route, load: RouteLoad) -> float:
         """Seconds this request adds to everyone else's answers, summed.
 
         Each of its steps adds one sequence to its server's batch (s1 for each
@@ -263,13 +265,12 @@ class LatencyModel:
         Routing on a request's own latency alone ignores this, and at load it
         wakes an idle server whose every step then slows the busy one.
         """
-        steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
         _, _, s0, s1, _ = self._fits[route].rates
-        own = max(batch - 1.0, 0.0)  # the requests already on this server
+        own = max(load.batch - 1.0, 0.0)  # the requests already on this server
         added = own * s1
-        if other_batch > 0:
-            added += other_batch * (s1 if own > 0 else s0 + s1)
-        return steps * added
+        if load.other_batch > 0:
+            added += load.other_batch * (s1 if own > 0 else s0 + s1)
+        return load.steps * added
 
     def _step(self, route: Route, batch: float) -> float:
         """One decode step of `route` at `batch` (0 when idle)."""
@@ -279,18 +280,7 @@ class LatencyModel:
         return s0 + s1 * batch
 
     def observe(
-        self,
-        route: Route,
-        *,
-        prompt_tokens: float,
-        output_tokens: float,
-        batch: float,
-        waiting: float,
-        tokens_per_step: float,
-        duration_s: float,
-        ttft_s: float | None,
-        other_batch: float = 0.0,
-        prefill_ahead: float = 0.0,
+        self, route: Route, load: RouteLoad, *, duration_s: float, ttft_s: float | None
     ) -> None:
         """Learn from one finished request.
 
@@ -301,17 +291,16 @@ class LatencyModel:
         route's current rates, so each route fits its own cost.
         """
         fit = self._fits[route]
-        steps = max(output_tokens - 1.0, 0.0) / max(tokens_per_step, 1.0)
-        waited = steps * self._step(route.other, other_batch)
-        prefill = prompt_tokens + max(prefill_ahead, 0.0)
+        steps, batch, waiting = load.steps, load.batch, load.waiting
+        waited = steps * self._step(route.other, load.other_batch)
         if ttft_s is not None and 0 < ttft_s <= duration_s:
-            fit.add((1.0, prefill, 0.0, 0.0, waiting), ttft_s)
+            fit.add((1.0, load.prefill, 0.0, 0.0, waiting), ttft_s)
             decode = duration_s - ttft_s
             if steps > 0:
                 fit.add((0.0, 0.0, steps, steps * batch, 0.0), max(decode - waited, 0.1 * decode))
         else:
             own = max(duration_s - waited, 0.1 * duration_s)
-            fit.add((1.0, prefill, steps, steps * batch, waiting), own)
+            fit.add((1.0, load.prefill, steps, steps * batch, waiting), own)
         other = self._fits[route.other]
         fit.anchor(other)
         other.recent *= _FADE

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from classifier.features import RequestFeatures, Workload
+from classifier.features import FeatureOptions, RequestFeatures, Workload
 
 __all__ = [
     "BackendState",
     "Decision",
+    "FinishedRequest",
+    "GuardsConfig",
     "LiveState",
     "Policy",
     "Route",
@@ -71,17 +73,72 @@ class Decision:
     predicted_s: Mapping[Route, float] | None = None  # filled by the cost model
 
 
+class FinishedRequest(Protocol):
+    """One finished, successful request, as the gateway measured it: what a policy learns from."""
+
+    @property
+    def route(self) -> Route: ...  # the route that answered
+    @property
+    def features(self) -> RequestFeatures: ...
+    @property
+    def state(self) -> LiveState: ...  # the snapshot the decision was made from
+    @property
+    def ttft_s(self) -> float | None: ...  # streamed only
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...  # the backend's usage
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def acceptance(self) -> float | None: ...  # accepted/draft tokens, speculative only
+    @property
+    def predicted_s(self) -> float | None: ...  # the prediction for the route that answered
+
+
 class Policy(Protocol):
     def decide(self, features: RequestFeatures, state: LiveState) -> Decision: ...
+
+    def learn(self, outcome: FinishedRequest) -> None: ...
+
+    def estimated_acceptance(self) -> Mapping[Workload, float]:
+        """Per-position draft acceptance per workload as believed now (empty: no estimate)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class GuardsConfig:
+    """When the speculative server is spared, whatever the policy: there a draft costs
+    every request on that server (KV per step, compute a big batch no longer has)."""
+
+    spec_max_inflight: int = 16  # speculative load (BackendState.load) at/above this
+    spec_max_kv_usage: float = 0.9  # speculative KV cache usage at/above this
+
+    def __post_init__(self) -> None:
+        if self.spec_max_inflight < 1:
+            raise ValueError(f"spec_max_inflight must be >= 1, got {self.spec_max_inflight}")
+        if not 0.0 < self.spec_max_kv_usage <= 1.0:
+            raise ValueError(
+                f"spec_max_kv_usage must be within (0, 1], got {self.spec_max_kv_usage}"
+            )
+
+    def reason(self, spec: BackendState) -> str | None:
+        """The reason to spare the speculative server now (kv-pressure, spec-busy), or None."""
+        if spec.kv_cache_usage is not None and spec.kv_cache_usage >= self.spec_max_kv_usage:
+            return "kv-pressure"
+        if spec.load >= self.spec_max_inflight:
+            return "spec-busy"
+        return None
+
+
+DEFAULT_GUARDS = GuardsConfig()
+_DEFAULT_FEATURES = FeatureOptions()
 
 
 @dataclass(frozen=True, slots=True)
 class RulesConfig:
     structured_max_temperature: float = 0.3
-    creative_min_temperature: float = 1.0
     prefill_ratio: float = 8.0  # prompt/expected output tokens above this -> baseline
-    spec_max_inflight: int = 8  # speculative load at/above this -> baseline
-    spec_max_kv_usage: float = 0.9
     default_route: Route = Route.SPECULATIVE
 
 
@@ -92,10 +149,10 @@ class RulesPolicy:
        adds KV per step; preemption there costs more than speculation saves).
     2. spec-busy: the speculative server runs spec_max_inflight or more
        requests (the gateway's count or its own, whichever is higher): a big
-       batch leaves no spare compute for the draft.
+       batch leaves no spare compute for the draft. 1-2 are the GuardsConfig.
     3. high-temperature: a creative request (explicit temperature at/above
-       creative_min_temperature, see extract_features) or any request sampling
-       above it. A temperature merely inherited from a 1.0 default is not
+       features.creative_min_temperature, see extract_features) or any request
+       sampling above it. A temperature merely inherited from a 1.0 default is not
        "high": at T=1 the target samples its own distribution, which the
        draft imitates.
     4. prefill-bound: prompt_tokens / expected_output_tokens > prefill_ratio;
@@ -109,10 +166,18 @@ class RulesPolicy:
     other answers ("unhealthy-fallback"); with both down the choice stands.
     """
 
-    __slots__ = ("_config",)
+    __slots__ = ("_config", "_creative", "_guards")
 
-    def __init__(self, config: RulesConfig) -> None:
+    def __init__(
+        self,
+        config: RulesConfig,
+        *,
+        guards: GuardsConfig = DEFAULT_GUARDS,
+        features: FeatureOptions = _DEFAULT_FEATURES,
+    ) -> None:
         self._config = config
+        self._guards = guards
+        self._creative = features.creative_min_temperature  # the one extract_features used
 
     @property
     def config(self) -> RulesConfig:
@@ -124,13 +189,17 @@ class RulesPolicy:
             return Decision(route.other, "unhealthy-fallback")
         return Decision(route, reason)
 
+    def learn(self, outcome: FinishedRequest) -> None:
+        """The rules do not learn."""
+
+    def estimated_acceptance(self) -> Mapping[Workload, float]:
+        return {}
+
     def _rules(self, f: RequestFeatures, spec: BackendState) -> tuple[Route, str]:
         cfg = self._config
-        if spec.kv_cache_usage is not None and spec.kv_cache_usage >= cfg.spec_max_kv_usage:
-            return Route.BASELINE, "kv-pressure"
-        if spec.load >= cfg.spec_max_inflight:
-            return Route.BASELINE, "spec-busy"
-        if f.workload is Workload.CREATIVE or f.temperature > cfg.creative_min_temperature:
+        if (guard := self._guards.reason(spec)) is not None:
+            return Route.BASELINE, guard
+        if f.workload is Workload.CREATIVE or f.temperature > self._creative:
             return Route.BASELINE, "high-temperature"
         if f.prompt_tokens > cfg.prefill_ratio * max(1, f.expected_output_tokens):
             return Route.BASELINE, "prefill-bound"
@@ -152,3 +221,9 @@ class StaticPolicy:
 
     def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
         return Decision(self._route, "static")
+
+    def learn(self, outcome: FinishedRequest) -> None:
+        """A fixed route has nothing to learn."""
+
+    def estimated_acceptance(self) -> Mapping[Workload, float]:
+        return {}

@@ -23,6 +23,7 @@ from gateway.config import Config
 from gateway.errors import error_middleware
 from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder
+from gateway.relays import Relays
 from gateway.runtime import Runtime
 from gateway.state import (
     BACKENDS,
@@ -30,6 +31,7 @@ from gateway.state import (
     METRICS,
     OUTCOME_LOG,
     RECORDER,
+    RELAYS,
     RUNTIME,
     SESSION,
     TOKENS,
@@ -54,6 +56,7 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
         eject_s=config.upstream.eject_s,
     )
     app[RUNTIME] = runtime
+    app[RELAYS] = Relays()
     app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background_tasks)

@@ -39,7 +39,11 @@ class Upstream:
     url: str
     inflight: int = 0
     prefill_tokens: int = 0  # prompts of streams sent here with no first token yet
-    healthy: bool = True
+    healthy: bool = True  # may take new requests: probe OK and not ejected
+    # Its process answers: the last /health probe said 200 and no connection
+    # was refused since. An ejected endpoint can be reachable: it is the
+    # fallback of last resort, never a reason to answer 502.
+    reachable: bool = True
     scrape: Scrape | None = None
     acceptance: Acceptance | None = None  # over the last scrape window with drafts
     consecutive_failures: int = 0
@@ -76,9 +80,17 @@ class Backend:
     def healthy(self) -> bool:
         return any(u.healthy for u in self.upstreams)
 
+    @property
+    def reachable(self) -> bool:
+        return any(u.reachable for u in self.upstreams)
+
     def pick(self) -> Upstream:
-        """The least busy healthy endpoint (any endpoint if none is healthy)."""
-        candidates = [u for u in self.upstreams if u.healthy] or self.upstreams
+        """The least busy healthy endpoint, else a reachable one, else any."""
+        candidates = (
+            [u for u in self.upstreams if u.healthy]
+            or [u for u in self.upstreams if u.reachable]
+            or self.upstreams
+        )
         return min(candidates, key=lambda u: u.inflight)
 
     def state(self, max_age_s: float = float("inf")) -> BackendState:
@@ -112,6 +124,9 @@ class BackendPool:
         self._eject_after = eject_after_failures
         self._eject_s = eject_s
         self._retries_inflight = 0
+        self.probed = False  # the health prober has finished one round
+        self._idle = asyncio.Event()  # nothing in flight anywhere: what a drain waits for
+        self._idle.set()
         self._backends = {route: Backend.from_config(route, config.of(route)) for route in Route}
         for route, backend in self._backends.items():
             metrics.prefill_pending.labels(route.value).set_function(backend.prefill_tokens)
@@ -139,6 +154,7 @@ class BackendPool:
         prompt as pending prefill until the callable it yields is called (its first
         token) or the block ends, whichever is first."""
         upstream.inflight += 1
+        self._idle.clear()
         upstream.prefill_tokens += prefill_tokens
         gauge = self._metrics.inflight.labels(backend.route.value)
         gauge.inc()
@@ -155,6 +171,19 @@ class BackendPool:
             prefilled()
             upstream.inflight -= 1
             gauge.dec()
+            if self.inflight == 0:
+                self._idle.set()
+
+    @property
+    def inflight(self) -> int:
+        return sum(b.inflight for b in self)
+
+    async def wait_idle(self, timeout_s: float) -> int:
+        """Wait until nothing is in flight, at most timeout_s; return what still is."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(timeout_s, 0.0)):
+                await self._idle.wait()
+        return self.inflight
 
     def report_failure(self, backend: Backend, upstream: Upstream, kind: str) -> None:
         """Count a failure; eject the endpoint after too many in a row (never the last one)."""
@@ -178,6 +207,20 @@ class BackendPool:
     def report_success(self, upstream: Upstream) -> None:
         upstream.consecutive_failures = 0
 
+    def report_refused(self, backend: Backend, upstream: Upstream) -> None:
+        """A refused connection: the process is down, so it leaves rotation now, not at
+        the next probe; and if nothing healthy is left, ejected endpoints that still
+        answer /health come back at once (an ejection is a guess, a refusal a fact)."""
+        upstream.healthy = upstream.reachable = False
+        if self._healthy_count() == 0:
+            for other in self:
+                for u in other.upstreams:
+                    if u.reachable and not u.healthy:
+                        u.healthy, u.ejected_until, u.consecutive_failures = True, 0.0, 0
+                        log.warning("backend_readmitted", backend=other.route.value)
+        for b in self:
+            self._metrics.backend_up.labels(b.route.value).set(int(b.healthy))
+
     def _healthy_count(self) -> int:
         return sum(u.healthy for b in self for u in b.upstreams)
 
@@ -188,7 +231,7 @@ class BackendPool:
         keeps a dead cluster from doubling the load on what is left.
         Pair every True with release_retry().
         """
-        total = sum(b.inflight for b in self)
+        total = self.inflight
         if self._retries_inflight >= max(minimum, ratio * total):
             return False
         self._retries_inflight += 1
@@ -203,6 +246,7 @@ class BackendPool:
         results = await asyncio.gather(*(_probe(session, u.url, timeout_s) for _, u in pairs))
         now = time.monotonic()
         for (backend, upstream), ok in zip(pairs, results, strict=True):
+            upstream.reachable = ok
             if ok and upstream.ejected_until > now and self._healthy_count() > 0:
                 ok = False  # still serving its ejection, and someone else can answer
             if ok:
@@ -212,6 +256,7 @@ class BackendPool:
             upstream.healthy = ok
         for backend in self:
             self._metrics.backend_up.labels(backend.route.value).set(int(backend.healthy))
+        self.probed = True
         return any(b.healthy for b in self)
 
     async def scrape_all(self, session: aiohttp.ClientSession, timeout_s: float) -> None:

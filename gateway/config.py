@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from classifier.costmodel import CostModelConfig
-from classifier.policy import Route, RulesConfig
+from classifier.features import FeatureOptions
+from classifier.policy import GuardsConfig, Route, RulesConfig
 
 
 class ConfigError(ValueError):
@@ -91,14 +92,26 @@ class BackendsConfig:
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
     policy: str = "cost-model"
+    # Optional acceptance model from `specroute train` (JSON); "" = online only.
+    model_path: str = ""
+    guards: GuardsConfig = field(default_factory=GuardsConfig)  # every policy's
     tokenizer: str = "cl100k_base"
+    # How a request is read (FeatureOptions): every policy sees the same features.
     default_temperature: float = 1.0
     default_output_tokens: int = 256
     long_prompt_tokens: int = 2048
-    # Optional acceptance model from `specroute train` (JSON); "" = online only.
-    model_path: str = ""
+    creative_min_temperature: float = 1.0
     rules: RulesConfig = field(default_factory=RulesConfig)
     cost_model: CostModelConfig = field(default_factory=CostModelConfig)
+
+    @property
+    def features(self) -> FeatureOptions:
+        return FeatureOptions(
+            default_temperature=self.default_temperature,
+            default_output_tokens=self.default_output_tokens,
+            long_prompt_tokens=self.long_prompt_tokens,
+            creative_min_temperature=self.creative_min_temperature,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +161,16 @@ class Config:
 
 
 _POLICIES = ("cost-model", "rules", "static-speculative", "static-baseline")
-# Keys that exist in a nested dataclass but are set elsewhere in the file.
+# Keys set elsewhere in the file: fields of a nested dataclass filled from
+# another key, and keys that moved (an old config names the new place).
 _SET_ELSEWHERE = {
     "routing.cost_model.num_speculative_tokens": "backends.speculative.num_speculative_tokens",
     "routing.cost_model.draft_cost_ratio": "backends.speculative.draft_cost_ratio",
+    "routing.rules.creative_min_temperature": "routing.creative_min_temperature",
+    "routing.rules.spec_max_inflight": "routing.guards.spec_max_inflight",
+    "routing.rules.spec_max_kv_usage": "routing.guards.spec_max_kv_usage",
+    "routing.cost_model.spec_max_inflight": "routing.guards.spec_max_inflight",
+    "routing.cost_model.spec_max_kv_usage": "routing.guards.spec_max_kv_usage",
 }
 _LEVELS = ("debug", "info", "warning", "error")
 _REDACTIONS = ("placeholders", "off")
@@ -201,7 +220,6 @@ def _check(cfg: Config) -> None:
         "routing.default_output_tokens": cfg.routing.default_output_tokens,
         "routing.long_prompt_tokens": cfg.routing.long_prompt_tokens,
         "routing.rules.prefill_ratio": cfg.routing.rules.prefill_ratio,
-        "routing.rules.spec_max_inflight": cfg.routing.rules.spec_max_inflight,
         "outcome_log.max_bytes": cfg.outcome_log.max_bytes,
         "record.max_bytes": cfg.record.max_bytes,
         "server.body_read_timeout_s": cfg.server.body_read_timeout_s,
@@ -214,8 +232,8 @@ def _check(cfg: Config) -> None:
         raise ConfigError(f"config: server.port must be <= 65535, got {cfg.server.port}")
     if not 0.0 <= cfg.routing.default_temperature <= 2.0:
         raise ConfigError("config: routing.default_temperature must be within [0, 2]")
-    if not 0.0 < cfg.routing.rules.spec_max_kv_usage <= 1.0:
-        raise ConfigError("config: routing.rules.spec_max_kv_usage must be within (0, 1]")
+    if not cfg.routing.creative_min_temperature >= 0.0:
+        raise ConfigError("config: routing.creative_min_temperature must be >= 0")
     if cfg.routing.policy not in _POLICIES:
         raise ConfigError(f"config: routing.policy must be one of {', '.join(_POLICIES)}")
     if not 0.0 <= cfg.upstream.retry_budget_ratio <= 1.0 or cfg.upstream.retry_budget_min < 0:
@@ -250,7 +268,7 @@ def _build(cls: type[Any], raw: Any, path: str) -> Any:
     known = {f.name: f for f in dataclasses.fields(cls)}
     for key in raw:
         if (elsewhere := _SET_ELSEWHERE.get(_join(path, key))) is not None:
-            raise ConfigError(f"config: {_join(path, key)!r} is set as {elsewhere!r}")
+            raise ConfigError(f"config: {_join(path, key)!r} is not set here: set {elsewhere!r}")
         if key not in known:
             raise ConfigError(f"config: unknown key {_join(path, key)!r}")
     kwargs: dict[str, Any] = {}

@@ -13,7 +13,12 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
+from gateway.record import request_id_of
+
 log = structlog.get_logger("specroute.errors")
+request_log = structlog.get_logger("specroute.request")
+# Set by a handler that writes the request's canonical log line itself.
+LOGGED = web.RequestKey("specroute_logged", bool)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -80,6 +85,22 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """OpenAI's error shape for everything, and a log line for every refusal
+    (401, 404, ...) that no handler logged."""
+    response = await _answer(request, handler)
+    if response.status >= 400 and not request.get(LOGGED, False):
+        request_log.info(
+            "request",
+            request_id=request_id_of(request.headers),
+            method=request.method,
+            path=request.path,
+            status=f"{response.status // 100}xx",
+            http_status=response.status,
+        )
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as exc:

@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import importlib.resources
 import json
-import re
-import time
-import uuid
 from typing import Any
 
 import aiohttp
@@ -15,18 +12,18 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from classifier.features import Endpoint, RequestFeatures, extract_features
-from classifier.policy import Decision, LiveState, Route
+from classifier.features import Endpoint, extract_features
+from classifier.policy import Decision, Route
 from gateway.config import Config
 from gateway.dispatch import ROUTE_HEADER, Routed, dispatch
-from gateway.errors import APIError, error_response
+from gateway.errors import LOGGED, APIError, error_response
 from gateway.learning import learn, predicted_header
-from gateway.outcome import outcome_record, record_outcome
-from gateway.proxy import Exchange
+from gateway.outcome import count_request, log_request
+from gateway.outcome_log import outcome_line
+from gateway.record import CLIENT_DISCONNECT, RequestLife, request_id_of
 from gateway.state import BACKENDS, METRICS, OUTCOME_LOG, RECORDER, RUNTIME, SESSION, TOKENS
 from gateway.validation import parse_body
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _JSON_TYPES = ("application/json", "application/octet-stream")
 
 
@@ -39,19 +36,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    started = time.perf_counter()
     app = request.app
     snapshot = app[RUNTIME].current  # one config for the whole request, whatever reloads
     config = snapshot.config
-    request_id = _request_id(request)
+    life = RequestLife.start(request_id_of(request.headers), endpoint)
+    request[LOGGED] = True  # the line below is this request's log line
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id, endpoint=endpoint.value)
-
-    exchange = Exchange(started=started)
-    body: dict[str, Any] = {}
-    features: RequestFeatures | None = None
-    decision: Decision | None = None
-    state: LiveState | None = None
+    structlog.contextvars.bind_contextvars(request_id=life.request_id, endpoint=endpoint.value)
     try:
         if app[RUNTIME].draining:
             raise APIError(
@@ -59,62 +50,38 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             )
         raw = await _read_json_body(request, config.server.body_read_timeout_s)
         body = parse_body(raw, endpoint)
-        features = extract_features(
-            body,
-            endpoint,
-            app[TOKENS],
-            default_temperature=config.routing.default_temperature,
-            default_output_tokens=config.routing.default_output_tokens,
-            long_prompt_tokens=config.routing.long_prompt_tokens,
-        )
+        features = extract_features(body, endpoint, app[TOKENS], config.routing.features)
         if (recorder := app.get(RECORDER)) is not None:
-            recorder.offer(body, endpoint.value, started, features.workload.value)
+            recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
         state = app[BACKENDS].live_state()
         decision = _override(request, config) or snapshot.policy.decide(features, state)
+        life.decided(body, features, decision, state)
         raw, strip_usage = _ask_for_usage(body, raw)
-        exchange.waiting = state.of(decision.route).waiting
         routed = Routed(
             decision.route,
             decision.reason,
             raw,
             strip_usage,
-            request_id,
+            life.request_id,
             predicted_header(decision),
             features.prompt_tokens if features.stream else 0,
         )
-        return await dispatch(request, routed, exchange, config)
-    except APIError as exc:
-        exchange.status = exc.status
-        raise
-    except web.HTTPException as exc:
-        exchange.status = exc.status
+        return await dispatch(request, routed, life, config)
+    except (APIError, web.HTTPException) as exc:
+        life.meter.status = exc.status
         raise
     except asyncio.CancelledError:
-        exchange.error_kind = "client_disconnect"
+        life.meter.fail(CLIENT_DISCONNECT)
         raise
     finally:
-        acceptance = record_outcome(
-            app[METRICS],
-            features,
-            decision,
-            exchange,
-            num_speculative_tokens=config.backends.speculative.num_speculative_tokens,
-        )
-        learn(snapshot.policy, app[METRICS], features, decision, state, exchange, acceptance)
-        if (outcomes := app.get(OUTCOME_LOG)) is not None and decision is not None:
-            prompt = _prompt_of(body) if config.outcome_log.include_prompts else None
-            outcomes.write(
-                outcome_record(request_id, features, decision, exchange, acceptance, prompt)
-            )
-
-
-def _prompt_of(body: dict[str, Any]) -> Any:
-    return body.get("messages", body.get("prompt"))
-
-
-def _request_id(request: web.Request) -> str:
-    given = request.headers.get("X-Request-Id", "")
-    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        record = life.close(config.backends.speculative.num_speculative_tokens)
+        count_request(app[METRICS], record)
+        log_request(record)
+        learn(snapshot.policy, app[METRICS], record)
+        if (outcomes := app.get(OUTCOME_LOG)) is not None:
+            line = outcome_line(record, include_prompt=config.outcome_log.include_prompts)
+            if line is not None:
+                outcomes.write(line)
 
 
 async def _read_json_body(request: web.Request, timeout_s: float) -> bytes:
@@ -155,6 +122,10 @@ def _ask_for_usage(body: dict[str, Any], raw: bytes) -> tuple[bytes, bool]:
         return raw, False
     patched = dict(body)
     patched["stream_options"] = {**options, "include_usage": True}
+    if options.get("continuous_usage_stats"):
+        # vLLM honours it only with include_usage: without, the client gets no
+        # usage anywhere, so the stream must not start carrying it per event.
+        patched["stream_options"]["continuous_usage_stats"] = False
     return json.dumps(patched, separators=(",", ":")).encode(), True
 
 
@@ -199,13 +170,16 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
+    """From the health prober's last results: a readiness probe must not become
+    a load generator for the backends' /health (1,000 calls/s would be 2,000)."""
     app = request.app
     if app[RUNTIME].draining:
         return error_response(503, "the gateway is shutting down", code="draining")
-    timeout = app[RUNTIME].current.config.upstream.health_timeout_s
-    any_up = await app[BACKENDS].probe_all(app[SESSION], timeout)
-    backends = {b.route.value: b.healthy for b in app[BACKENDS]}
-    if not any_up:
+    pool = app[BACKENDS]
+    if not pool.probed:  # before the prober's first round: ask now, once
+        await pool.probe_all(app[SESSION], app[RUNTIME].current.config.upstream.health_timeout_s)
+    backends = {b.route.value: b.healthy for b in pool}
+    if not any(b.healthy or b.reachable for b in pool):
         return error_response(503, f"no backend is healthy: {backends}", code="not_ready")
     return web.json_response({"status": "ready", "backends": backends})
 

@@ -8,14 +8,65 @@ so the log is bounded on disk too. No prompt text unless asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from gateway.outcome import rounded
+from gateway.record import RequestRecord
+
 _STOP = object()
+
+
+def outcome_line(record: RequestRecord, *, include_prompt: bool) -> dict[str, Any] | None:
+    """One line of the outcome log: everything `train` and `advise` learn from.
+
+    None for a request that never got a routing decision (nothing to learn).
+    """
+    decision = record.decision
+    if decision is None:
+        return None
+    features = record.features
+    route = record.route or decision.route
+    state = record.state
+    line: dict[str, Any] = {
+        "ts": round(time.time(), 3),
+        "request_id": record.request_id,
+        "route": route.value,
+        "decided_route": decision.route.value,
+        "reason": decision.reason,
+        "failover_from": record.failover_from.value if record.failover_from else None,
+        "predicted_s": (
+            {r.value: round(s, 6) for r, s in decision.predicted_s.items()}
+            if decision.predicted_s
+            else None
+        ),
+        "features": dataclasses.asdict(features) if features else None,
+        "status": record.status,
+        "http_status": record.http_status,
+        "error": record.error,
+        "batch": record.batch,
+        "waiting": state.of(route).waiting if state else None,
+        "ttft_s": rounded(record.ttft_s),
+        "duration_s": rounded(record.duration_s),
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "token_events": record.token_events if features and features.stream else None,
+        "acceptance": rounded(record.acceptance.rate) if record.acceptance else None,
+        "acceptance_length": (
+            rounded(record.acceptance.mean_length) if record.acceptance else None
+        ),
+        "acceptance_source": record.acceptance.source if record.acceptance else None,
+    }
+    prompt = record.body.get("messages", record.body.get("prompt"))
+    if include_prompt and prompt is not None:
+        line["prompt"] = prompt
+    return line
 
 
 class OutcomeLog:

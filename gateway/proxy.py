@@ -10,59 +10,30 @@ tokens nobody will read.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
-from collections.abc import Callable
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import structlog
 from aiohttp import web
 
-from classifier.policy import Route
 from gateway.errors import error_response, sse_error_event
+from gateway.record import CLIENT_DISCONNECT, Meter
+from gateway.relays import is_drain
 
 _EVENT_END = b"\n\n"
 _DONE = b"data: [DONE]"
-_FORWARDED_REQUEST_HEADERS = ("Content-Type", "Accept", "X-Request-Id", "User-Agent")
+_FORWARDED_REQUEST_HEADERS = ("Content-Type", "Accept", "User-Agent")
+# The gateway reads every answer (usage, first token, vLLM's metrics), so it
+# asks for plain bytes; a backend that compresses anyway is passed through
+# with its Content-Encoding, so the client can still decode it.
+_UPSTREAM_ENCODING = {"Accept-Encoding": "identity"}
+_PASSED_RESPONSE_HEADERS = ("Content-Type", "Content-Encoding")
 
-
-@dataclass(slots=True)
-class Exchange:
-    """What happened to one forwarded request; filled in as it goes."""
-
-    started: float
-    status: int = 0
-    ttft_s: float | None = None
-    finished: float | None = None
-    usage: dict[str, Any] | None = None
-    # The final usage chunk (stream) or whole body (non-stream), for the
-    # measurements that vLLM reports next to usage.
-    report: dict[str, Any] | None = None
-    error_kind: str | None = None
-    bytes_sent: int = 0
-    # SSE events seen: all of them, those before the first token (role
-    # chunk), and the closing ones ([DONE], the usage-only chunk). What is
-    # left is one event per engine step that produced tokens.
-    events: int = 0
-    events_before_token: int = 0
-    closing_events: int = 0
-    # Who answered (after any failover), and the load on that backend when
-    # the request was sent (itself included).
-    route: Route | None = None
-    failover_from: Route | None = None
-    batch: int = 0
-    waiting: int | None = None
-    # Called once when the first token arrives (the backend's prefill of it is done).
-    on_first_token: Callable[[], None] | None = None
-
-    @property
-    def token_events(self) -> int:
-        return self.events - self.events_before_token - self.closing_events
-
-    @property
-    def duration_s(self) -> float:
-        return (self.finished or time.perf_counter()) - self.started
+log = structlog.get_logger("specroute.proxy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,17 +41,25 @@ class Target:
     base_url: str
     name: str  # the backend's route name, for errors and metrics
     headers: dict[str, str]
+    request_id: str  # the id the gateway logs and returns, so the two logs join
 
 
 class UpstreamFailure(Exception):
-    """The backend failed before the client got a byte: another backend may answer."""
+    """The backend failed before the client got a byte: another backend may answer.
 
-    def __init__(self, kind: str, status: int, message: str, *, retryable: bool) -> None:
+    `message` goes to the client: the route and a reason, never an address.
+    `refused`: no connection could be opened at all (the process is down).
+    """
+
+    def __init__(
+        self, kind: str, status: int, message: str, *, retryable: bool, refused: bool = False
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
         self.message = message
         self.retryable = retryable
+        self.refused = refused
 
 
 async def open_upstream(
@@ -94,6 +73,8 @@ async def open_upstream(
 ) -> aiohttp.ClientResponse:
     """Send the request; return the backend's response once its headers are in."""
     headers = {k: v for k in _FORWARDED_REQUEST_HEADERS if (v := request.headers.get(k))}
+    headers.update(_UPSTREAM_ENCODING)
+    headers["X-Request-Id"] = target.request_id
     headers.update(target.headers)
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
@@ -103,6 +84,13 @@ async def open_upstream(
         return await session.post(
             f"{target.base_url}{request.path}", data=body, headers=headers, timeout=timeout
         )
+    except asyncio.CancelledError as exc:
+        if not is_drain(exc):
+            raise
+        _uncancel()
+        raise UpstreamFailure(
+            "drained", 503, "the gateway is shutting down", retryable=False
+        ) from None
     except aiohttp.ConnectionTimeoutError:
         raise UpstreamFailure(
             "connect_timeout",
@@ -117,15 +105,20 @@ async def open_upstream(
             "upstream_stall", 504, f"backend {name} stopped answering", retryable=False
         ) from None
     except (aiohttp.ClientConnectionError, OSError) as exc:
+        log.warning("upstream_unreachable", backend=name, url=target.base_url, detail=str(exc))
         raise UpstreamFailure(
-            "connect", 502, f"backend {name} unreachable: {_why(exc)}", retryable=True
+            "connect",
+            502,
+            f"backend {name} unreachable: {_why(exc)}",
+            retryable=True,
+            refused=isinstance(exc, aiohttp.ClientConnectorError),
         ) from None
 
 
 async def relay(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
-    exchange: Exchange,
+    meter: Meter,
     *,
     name: str,
     response_headers: dict[str, str],
@@ -135,9 +128,9 @@ async def relay(
     try:
         if upstream.status == 200 and upstream.content_type == "text/event-stream":
             return await _relay_stream(
-                request, upstream, exchange, response_headers, strip_usage_chunk
+                request, upstream, meter, response_headers, strip_usage_chunk
             )
-        return await _relay_whole(request, upstream, exchange, response_headers, name)
+        return await _relay_whole(request, upstream, meter, response_headers, name)
     finally:
         # On success the body was read to the end and the connection goes back
         # to the pool; on cancellation or error it is closed, which is what
@@ -146,61 +139,67 @@ async def relay(
 
 
 def failure_response(
-    exchange: Exchange, failure: UpstreamFailure, response_headers: dict[str, str]
+    meter: Meter, failure: UpstreamFailure, response_headers: dict[str, str]
 ) -> web.Response:
-    exchange.error_kind = failure.kind
-    return _fail(exchange, failure.status, failure.message, response_headers)
+    return _fail(meter, failure.kind, failure.status, failure.message, response_headers)
 
 
 async def _relay_whole(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
-    exchange: Exchange,
+    meter: Meter,
     response_headers: dict[str, str],
     name: str,
 ) -> web.StreamResponse:
     try:
         payload = await upstream.read()
+    except asyncio.CancelledError as exc:
+        if not is_drain(exc):
+            raise
+        _uncancel()
+        return _fail(meter, "drained", 503, "the gateway is shutting down", response_headers)
     except TimeoutError:  # aiohttp's read timeouts are TimeoutErrors too
-        exchange.error_kind = "upstream_stall"
-        return _fail(exchange, 504, f"backend {name} stopped answering", response_headers)
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-        exchange.error_kind = "upstream_broken"
         return _fail(
-            exchange, 502, f"backend {name} broke the answer: {_why(exc)}", response_headers
+            meter, "upstream_stall", 504, f"backend {name} stopped answering", response_headers
         )
-    exchange.status = upstream.status
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        why = f"backend {name} broke the answer: {_why(exc)}"
+        return _fail(meter, "upstream_broken", 502, why, response_headers)
+    meter.status = upstream.status
     headers = dict(response_headers)
-    headers["Content-Type"] = upstream.headers.get("Content-Type", "application/json")
+    headers["Content-Type"] = "application/json"
+    headers.update({k: v for k in _PASSED_RESPONSE_HEADERS if (v := upstream.headers.get(k))})
     response = web.Response(status=upstream.status, body=payload, headers=headers)
     # Send it now: the parsing and accounting below are ours, not the client's, to wait for.
     try:
         await response.prepare(request)
         await response.write_eof()
     except ConnectionResetError:
-        exchange.error_kind = "client_disconnect"
-    exchange.finished = time.perf_counter()
-    exchange.bytes_sent = len(payload)
+        meter.fail(CLIENT_DISCONNECT)
+    meter.finish()
+    meter.bytes_sent = len(payload)
     if upstream.status == 200 and upstream.content_type == "application/json":
-        exchange.report = _loads(payload)
-        if exchange.report is not None and isinstance(exchange.report.get("usage"), dict):
-            exchange.usage = exchange.report["usage"]
-    elif upstream.status >= 500 and exchange.error_kind is None:
-        exchange.error_kind = "http_5xx"  # a 4xx is the client's, not the backend's, failure
+        meter.report = _loads(payload)
+        if meter.report is not None and isinstance(meter.report.get("usage"), dict):
+            meter.usage = meter.report["usage"]
+    elif upstream.status >= 500 and meter.error_kind is None:
+        meter.fail("http_5xx")  # a 4xx is the client's, not the backend's, failure
     return response
 
 
 async def _relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
-    exchange: Exchange,
+    meter: Meter,
     response_headers: dict[str, str],
     strip_usage_chunk: bool,
 ) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=response_headers)
     response.content_type = "text/event-stream"
     response.headers["Cache-Control"] = "no-cache"
-    exchange.status = 200
+    if encoding := upstream.headers.get("Content-Encoding"):
+        response.headers["Content-Encoding"] = encoding
+    meter.status = 200
     await response.prepare(request)
     pending = b""
     try:
@@ -210,75 +209,87 @@ async def _relay_stream(
             if cut < 0:
                 continue
             complete, pending = pending[: cut + 2], pending[cut + 2 :]
-            await _send(response, exchange, _inspect_events(complete, exchange, strip_usage_chunk))
-        await _send(response, exchange, pending)
+            await _send(response, meter, _inspect_events(complete, meter, strip_usage_chunk))
+        await _send(response, meter, pending)
     except _ClientGone:
-        exchange.error_kind = "client_disconnect"
-        exchange.finished = time.perf_counter()
+        meter.fail(CLIENT_DISCONNECT)
+        meter.finish()
         return response
+    except asyncio.CancelledError as exc:
+        if not is_drain(exc):
+            raise
+        _uncancel()
+        await _end_stream_with_error(response, meter, "drained", "the gateway is shutting down")
     except TimeoutError:  # aiohttp's read timeouts are TimeoutErrors too
-        await _end_stream_with_error(response, exchange, "upstream_stall", "no data in time")
+        await _end_stream_with_error(response, meter, "upstream_stall", "no data in time")
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-        await _end_stream_with_error(response, exchange, "upstream_broken", _why(exc))
-    exchange.finished = time.perf_counter()
+        await _end_stream_with_error(response, meter, "upstream_broken", _why(exc))
+    meter.finish()
     try:
         await response.write_eof()
     except ConnectionResetError:  # gone between the last event and the end of the body
-        exchange.error_kind = "client_disconnect"
+        meter.fail(CLIENT_DISCONNECT)
     return response
+
+
+def _uncancel() -> None:
+    """Our own drain cancelled the relay: the request goes on to end properly."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 class _ClientGone(Exception):
     """The client closed its connection while we were writing to it."""
 
 
-async def _send(response: web.StreamResponse, exchange: Exchange, data: bytes) -> None:
+async def _send(response: web.StreamResponse, meter: Meter, data: bytes) -> None:
     if not data:
         return
     try:
         await response.write(data)
     except ConnectionResetError:
         raise _ClientGone from None
-    exchange.bytes_sent += len(data)
+    meter.bytes_sent += len(data)
 
 
-def _inspect_events(chunk: bytes, exchange: Exchange, strip_usage_chunk: bool) -> bytes:
+def _inspect_events(chunk: bytes, meter: Meter, strip_usage_chunk: bool) -> bytes:
     """Note the first token, the usage and the step count; drop the usage chunk we asked for."""
-    exchange.events += chunk.count(_EVENT_END)
-    if exchange.ttft_s is not None and b'"usage"' not in chunk:
+    meter.events += chunk.count(_EVENT_END)
+    if meter.ttft_s is not None and b'"usage"' not in chunk:
         if _DONE in chunk:  # the hot path: nothing else to look at
-            exchange.closing_events += 1
+            meter.closing_events += 1
         return chunk
     kept: list[bytes] = []
     for event in chunk.split(_EVENT_END)[:-1]:
         event_bytes = event + _EVENT_END
         if event.startswith(_DONE):
-            exchange.closing_events += 1
+            meter.closing_events += 1
         parsed = None
-        if event.startswith(b"data: {") and (exchange.ttft_s is None or b'"usage"' in event):
+        if event.startswith(b"data: {") and (meter.ttft_s is None or b'"usage"' in event):
             parsed = _loads(event[6:])
         if parsed is not None:
             usage = parsed.get("usage")
             final = isinstance(usage, dict) and not parsed.get("choices")
             if isinstance(usage, dict):
-                exchange.usage = usage
-                exchange.report = parsed
+                meter.usage = usage
+                meter.report = parsed
             if final:
-                exchange.closing_events += 1
+                meter.closing_events += 1
                 if strip_usage_chunk:
                     continue
-            elif exchange.ttft_s is None:
-                if _has_token(parsed):
-                    exchange.ttft_s = time.perf_counter() - exchange.started
-                    if exchange.on_first_token is not None:
-                        exchange.on_first_token()
+            elif meter.ttft_s is None:
+                if has_token(parsed):
+                    meter.first_token()
                 else:
-                    exchange.events_before_token += 1
+                    meter.events_before_token += 1
         kept.append(event_bytes)
     return b"".join(kept)
 
 
-def _has_token(chunk: dict[str, Any]) -> bool:
+def has_token(chunk: dict[str, Any]) -> bool:
+    """The first token, as the gateway, the bench and vLLM's TTFT count it: any generated
+    text, reasoning included (a reasoning model's answer starts there)."""
     choices = chunk.get("choices")
     if not isinstance(choices, list):
         return False
@@ -296,23 +307,22 @@ def _has_token(chunk: dict[str, Any]) -> bool:
 
 
 async def _end_stream_with_error(
-    response: web.StreamResponse, exchange: Exchange, kind: str, why: str
+    response: web.StreamResponse, meter: Meter, kind: str, why: str
 ) -> None:
-    exchange.error_kind = kind  # the status stays 200: it was sent already
+    meter.fail(kind)  # the status stays 200: it was sent already
     event = sse_error_event(f"backend stream interrupted: {why}", code=kind)
     try:
         await response.write(event)
     except ConnectionResetError:
-        exchange.error_kind = "client_disconnect"
+        meter.fail(CLIENT_DISCONNECT)
 
 
 def _fail(
-    exchange: Exchange, status: int, message: str, response_headers: dict[str, str]
+    meter: Meter, kind: str, status: int, message: str, response_headers: dict[str, str]
 ) -> web.Response:
-    exchange.status = status
-    exchange.finished = time.perf_counter()
-    code = exchange.error_kind
-    return error_response(status, message, code=code, headers=response_headers)
+    meter.fail(kind, status)
+    meter.finish()
+    return error_response(status, message, code=kind, headers=response_headers)
 
 
 def _loads(raw: bytes) -> dict[str, Any] | None:
@@ -324,4 +334,12 @@ def _loads(raw: bytes) -> dict[str, Any] | None:
 
 
 def _why(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
+    """A reason a client may read: what went wrong, never where (no host or port)."""
+    os_error = getattr(exc, "os_error", exc)
+    if isinstance(os_error, OSError) and os_error.errno:
+        return os.strerror(os_error.errno).lower()
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "server disconnected"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "incomplete answer"
+    return type(exc).__name__

@@ -1,21 +1,52 @@
 """What a config reload may swap, held so that each request sees one version.
 
 A request reads `app[RUNTIME].current` once and uses that snapshot to the end,
-so a reload in the middle of a request never mixes two configs. Settings that
-shape resources built at start (sockets, pools, backend lists, files) need a
-restart; a reload that changes them is refused whole, with a log line.
+so a reload in the middle of a request never mixes two configs. Only the keys
+in RELOADABLE are applied by a reload; any other changed key shaped something
+built at start (sockets, pools, backend lists, files) and needs a restart, so a
+reload that changes one is refused whole, with a log line naming it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from classifier.acceptance_model import AcceptanceModel, ModelFileError, load_acceptance_model
 from classifier.costmodel import CostModelPolicy
 from classifier.policy import Policy, Route, RulesPolicy, StaticPolicy
 from gateway.auth import Keys, load_keys
 from gateway.config import Config, ConfigError
+
+# The keys a reload applies, by who applies them; a table name covers its keys.
+# A key not listed here is refused: a new key needs a restart until it is added.
+RELOADABLE = (
+    # read from the request's snapshot (drain_s when the drain starts)
+    "server.allow_route_override",
+    "server.body_read_timeout_s",
+    "server.drain_s",
+    "upstream.connect_timeout_s",
+    "upstream.read_timeout_s",
+    "upstream.failover",
+    "upstream.retry_budget_ratio",
+    "upstream.retry_budget_min",
+    "routing.default_temperature",
+    "routing.default_output_tokens",
+    "routing.long_prompt_tokens",
+    "routing.creative_min_temperature",
+    # the policy: rebuilt from them (learned state starts over)
+    "routing.policy",
+    "routing.model_path",
+    "routing.guards",
+    "routing.rules",
+    "routing.cost_model",
+    # the gateway's keys: re-read (a reload is how they are rotated)
+    "auth",
+    # process-wide: serve.reload applies it
+    "logging.level",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,33 +62,33 @@ class Runtime:
         self.draining = False
 
     def reload(self, new: Config) -> list[str]:
-        """Swap in `new`; return the reloadable sections that changed. Raises ConfigError."""
+        """Swap in `new`; return the keys that changed. Raises ConfigError."""
         old = self.current.config
         blocked = restart_only_changes(old, new)
         if blocked:
             raise ConfigError(f"config: reload refused: {', '.join(blocked)} need a restart")
-        keys = load_keys(new.auth)  # re-read: a reload is how keys are rotated
+        keys = load_keys(new.auth)
         policy = self.current.policy if new.routing == old.routing else build_policy(new)
         self.current = Snapshot(new, policy, keys)
-        sections = ("server", "upstream", "routing", "auth", "logging")
-        return [name for name in sections if getattr(old, name) != getattr(new, name)]
+        return changed_keys(old, new)
 
 
 def build_policy(config: Config) -> Policy:
-    name = config.routing.policy
+    routing = config.routing
+    name = routing.policy
     if name == "cost-model":
         spec = config.backends.speculative
         cost = replace(
-            config.routing.cost_model,
+            routing.cost_model,
             num_speculative_tokens=spec.num_speculative_tokens,
             draft_cost_ratio=spec.draft_cost_ratio,
         )
-        return CostModelPolicy(cost, load_model(config.routing.model_path))
+        return CostModelPolicy(cost, load_model(routing.model_path), guards=routing.guards)
     if name == "static-speculative":
         return StaticPolicy(Route.SPECULATIVE)
     if name == "static-baseline":
         return StaticPolicy(Route.BASELINE)
-    return RulesPolicy(config.routing.rules)
+    return RulesPolicy(routing.rules, guards=routing.guards, features=routing.features)
 
 
 def load_model(path: str) -> AcceptanceModel | None:
@@ -75,27 +106,24 @@ def load_model(path: str) -> AcceptanceModel | None:
 
 
 def restart_only_changes(old: Config, new: Config) -> list[str]:
-    checks = {
-        "backends": (old.backends, new.backends),
-        "outcome_log": (old.outcome_log, new.outcome_log),
-        "record": (old.record, new.record),
-        "server.host/port/max_body_bytes": (
-            (old.server.host, old.server.port, old.server.max_body_bytes),
-            (new.server.host, new.server.port, new.server.max_body_bytes),
-        ),
-        "routing.tokenizer": (old.routing.tokenizer, new.routing.tokenizer),
-        "upstream pools, probes and ejection": (_fixed(old), _fixed(new)),
-    }
-    return [name for name, (a, b) in checks.items() if a != b]
+    """The changed keys a reload cannot apply."""
+    return [key for key in changed_keys(old, new) if not is_reloadable(key)]
 
 
-def _fixed(config: Config) -> object:
-    """The upstream settings that shaped the session and the pool at start."""
-    return replace(
-        config.upstream,
-        connect_timeout_s=0,
-        read_timeout_s=0,
-        failover=True,
-        retry_budget_ratio=0,
-        retry_budget_min=0,
-    )
+def is_reloadable(key: str) -> bool:
+    return any(key == r or key.startswith(r + ".") for r in RELOADABLE)
+
+
+def changed_keys(old: Any, new: Any, path: str = "") -> list[str]:
+    """The dotted config keys whose values differ, table by table."""
+    changed: list[str] = []
+    for fld in dataclasses.fields(old):
+        key = f"{path}.{fld.name}" if path else fld.name
+        a, b = getattr(old, fld.name), getattr(new, fld.name)
+        if a == b:
+            continue
+        if dataclasses.is_dataclass(a) and type(a) is type(b):
+            changed += changed_keys(a, b, key)
+        else:
+            changed.append(key)
+    return changed

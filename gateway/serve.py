@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections.abc import Callable
 
 import structlog
@@ -20,9 +19,11 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import Config, ConfigError
-from gateway.state import BACKENDS, RUNTIME
+from gateway.state import BACKENDS, RELAYS, RUNTIME
+from gateway.telemetry import configure_logging
 
 log = structlog.get_logger("specroute.serve")
+_LAST_WRITES_S = 1.0
 
 
 async def serve(
@@ -41,8 +42,9 @@ async def serve(
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
-    if reread is not None:
-        loop.add_signal_handler(signal.SIGHUP, reload, app, reread)
+    # Without a handler SIGHUP would end the process: with nothing to re-read
+    # (started with --backend only) it is logged and the gateway keeps serving.
+    loop.add_signal_handler(signal.SIGHUP, reload, app, reread)
     log.info("serving", host=config.server.host, port=config.server.port)
     if ready is not None:
         ready.set()
@@ -60,23 +62,34 @@ async def drain(app: web.Application) -> None:
     """Refuse new work, let in-flight answers finish for up to drain_s."""
     runtime = app[RUNTIME]
     runtime.draining = True
-    deadline = time.monotonic() + runtime.current.config.server.drain_s
+    drain_s = runtime.current.config.server.drain_s
     pool = app[BACKENDS]
-    inflight = sum(b.inflight for b in pool)
-    log.info("draining", inflight=inflight, drain_s=runtime.current.config.server.drain_s)
-    while inflight and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-        inflight = sum(b.inflight for b in pool)
+    log.info("draining", inflight=pool.inflight, drain_s=drain_s)
+    inflight = await pool.wait_idle(drain_s)
     if inflight:
-        log.warning("drain_timeout", cancelled=inflight)
+        # End what is left as any failed answer ends (an error event and [DONE]),
+        # and give those last writes a moment before the runner closes sockets.
+        ended = app[RELAYS].end_all()
+        log.warning("drain_timeout", inflight=inflight, ended=ended)
+        await pool.wait_idle(_LAST_WRITES_S)
 
 
-def reload(app: web.Application, reread: Callable[[], Config]) -> bool:
-    """Re-read the config and swap it in atomically; keep the old one on any error."""
+def reload(app: web.Application, reread: Callable[[], Config] | None) -> bool:
+    """Re-read the config and swap it in atomically; keep the old one on any error.
+
+    The log level is process-wide, not part of a request's snapshot: it is set
+    here, after the line that says the reload happened.
+    """
+    if reread is None:
+        log.warning("config_reload_skipped", why="started without a config file")
+        return False
     try:
-        changed = app[RUNTIME].reload(reread())
+        new = reread()
+        changed = app[RUNTIME].reload(new)
     except ConfigError as exc:
         log.error("config_reload_rejected", error=str(exc))
         return False
     log.info("config_reloaded", changed=changed)
+    if "logging.level" in changed:
+        configure_logging(new.logging.level)
     return True

@@ -10,12 +10,14 @@ from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder
+from gateway.relays import Relays
 from gateway.runtime import Runtime
 from gateway.telemetry import Metrics
 
 CONFIG = web.AppKey("config", Config)  # as at start: what resources were built from
 METRICS = web.AppKey("metrics", Metrics)
 BACKENDS = web.AppKey("backends", BackendPool)
+RELAYS = web.AppKey("relays", Relays)  # answers in flight, for the drain to end
 RUNTIME = web.AppKey("runtime", Runtime)  # the reloadable part: config, policy, keys
 TOKENS = web.AppKey("tokens", TokenCounter)
 SESSION = web.AppKey("session", aiohttp.ClientSession)

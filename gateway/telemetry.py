@@ -148,8 +148,16 @@ class Metrics:
 
 
 def configure_logging(level: str = "info", *, json: bool = True) -> None:
-    """Configure structlog once, at process start: contextvars first, JSON last."""
+    """Configure structlog at start: contextvars merged first, JSON last; call it
+    again (a reload) to change the level.
+
+    Loggers are cached on first use and keep the processors and wrapper they were
+    built with, so the level cannot live in either: the first processor reads it.
+    """
+    global _min_level
+    _min_level = logging.getLevelNamesMapping()[level.upper()]
     processors: list[structlog.typing.Processor] = [
+        _drop_below_level,
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -158,9 +166,25 @@ def configure_logging(level: str = "info", *, json: bool = True) -> None:
     ]
     structlog.configure(
         processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+_min_level = logging.INFO
+_METHOD_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "exception": logging.ERROR,
+}
+
+
+def _drop_below_level(
+    logger: object, method_name: str, event_dict: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    if _METHOD_LEVELS.get(method_name, logging.CRITICAL) < _min_level:
+        raise structlog.DropEvent
+    return event_dict

@@ -15,6 +15,9 @@ from classifier.features import Endpoint
 from gateway.errors import APIError
 
 _MAX_INT = 2**31 - 1
+# Choices per request, as OpenAI caps it: each is a sequence in the backend's
+# batch, so one request with n=10000 would slow every other client.
+MAX_N = 128
 
 
 def _reject_constant(name: str) -> float:
@@ -106,8 +109,8 @@ def _check_common(body: dict[str, Any]) -> None:
             raise APIError(400, f"'{name}' must be an integer", param=name)
         if not 0 <= value <= _MAX_INT:
             raise APIError(400, f"'{name}' must be between 0 and {_MAX_INT}", param=name)
-    if body.get("n") == 0:
-        raise APIError(400, "'n' must be >= 1", param="n")
+    if (n := body.get("n")) is not None and not 1 <= n <= MAX_N:
+        raise APIError(400, f"'n' must be between 1 and {MAX_N} (OpenAI's limit)", param="n")
     _optional(body, "stream_options", dict, "an object")
     options = body.get("stream_options")
     if options:

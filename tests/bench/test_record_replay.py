@@ -53,7 +53,7 @@ async def test_record_redact_then_replay_with_timing(tmp_path: Path, tokens: Tok
     ):
         for request in originals:
             assert (await send_one(session, stack.gateway, request)).ok
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # paced on purpose: the recorded timing is replayed
     exact = ExactCounter(tokens)
     lines = [json.loads(line) for line in recording.read_text().splitlines()]
     assert len(lines) == len(originals)

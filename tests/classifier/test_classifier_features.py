@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from classifier import Endpoint, RequestFeatures, TokenCounter, Workload, extract_features
+from classifier import (
+    Endpoint,
+    FeatureOptions,
+    RequestFeatures,
+    TokenCounter,
+    Workload,
+    extract_features,
+)
 from classifier.features import COMPLETIONS_DEFAULT_MAX_TOKENS
 
 CHAT = Endpoint.CHAT
@@ -18,8 +25,9 @@ def chat(text: str = "Hi there, how are you?", **fields: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": text}], **fields}
 
 
-def feats(counter: TokenCounter, body: dict[str, Any], **kw: Any) -> RequestFeatures:
-    return extract_features(body, kw.pop("endpoint", CHAT), counter, **kw)
+def feats(counter: TokenCounter, body: dict[str, Any], **options: Any) -> RequestFeatures:
+    endpoint = options.pop("endpoint", CHAT)
+    return extract_features(body, endpoint, counter, FeatureOptions(**options))
 
 
 # --- prompt tokens -------------------------------------------------------------

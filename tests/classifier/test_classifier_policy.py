@@ -11,6 +11,8 @@ from classifier import (
     BackendState,
     Decision,
     Endpoint,
+    FeatureOptions,
+    GuardsConfig,
     LiveState,
     Policy,
     RequestFeatures,
@@ -22,6 +24,7 @@ from classifier import (
     Workload,
     extract_features,
 )
+from classifier.policy import DEFAULT_GUARDS
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 IDLE = LiveState(BackendState(), BackendState())
@@ -50,8 +53,13 @@ def spec_state(**fields: Any) -> LiveState:
     return LiveState(BackendState(**fields), BackendState())
 
 
-def decide(f: RequestFeatures, state: LiveState = IDLE, **config: Any) -> tuple[Route, str]:
-    d = RulesPolicy(RulesConfig(**config)).decide(f, state)
+def decide(
+    f: RequestFeatures,
+    state: LiveState = IDLE,
+    guards: GuardsConfig = DEFAULT_GUARDS,
+    **config: Any,
+) -> tuple[Route, str]:
+    d = RulesPolicy(RulesConfig(**config), guards=guards).decide(f, state)
     return d.route, d.reason
 
 
@@ -74,10 +82,12 @@ def test_kv_below_threshold_or_unknown() -> None:
 
 
 def test_spec_busy_by_gateway_count_or_scraped_running() -> None:
-    assert decide(features(), spec_state(inflight=8)) == (BASE, "spec-busy")
-    assert decide(features(), spec_state(inflight=2, running=9)) == (BASE, "spec-busy")
-    assert decide(features(), spec_state(inflight=7, running=3)) == (SPEC, "default")
-    assert decide(features(), spec_state(inflight=3), spec_max_inflight=4) == (SPEC, "default")
+    assert decide(features(), spec_state(inflight=16)) == (BASE, "spec-busy")
+    assert decide(features(), spec_state(inflight=2, running=17)) == (BASE, "spec-busy")
+    assert decide(features(), spec_state(inflight=15, running=3)) == (SPEC, "default")
+    four = GuardsConfig(spec_max_inflight=4)
+    assert decide(features(), spec_state(inflight=3), four) == (SPEC, "default")
+    assert decide(features(), spec_state(inflight=4), four) == (BASE, "spec-busy")
 
 
 def test_baseline_load_does_not_matter_to_the_rules() -> None:
@@ -104,6 +114,14 @@ def test_high_temperature() -> None:
 
 def test_inherited_default_temperature_is_not_high() -> None:
     assert decide(features(temperature=1.0, workload=Workload.CHAT)) == (SPEC, "default")
+
+
+def test_high_temperature_uses_the_features_threshold() -> None:
+    """The rules' "sampling above it" is the same threshold extract_features used."""
+    hot_code = features(temperature=1.2, code_like=True, workload=Workload.CODE)
+    assert decide(hot_code) == (BASE, "high-temperature")
+    cooler = RulesPolicy(RulesConfig(), features=FeatureOptions(creative_min_temperature=1.5))
+    assert cooler.decide(hot_code, IDLE).reason == "default"
 
 
 def test_prefill_bound() -> None:
@@ -233,6 +251,8 @@ def test_static_policy() -> None:
 def test_policies_satisfy_the_protocol() -> None:
     policies: list[Policy] = [RulesPolicy(RulesConfig()), StaticPolicy(BASE)]
     assert all(isinstance(p.decide(features(), IDLE), Decision) for p in policies)
+    for p in policies:  # neither learns: learn is a no-op, and there is no estimate
+        assert p.estimated_acceptance() == {}
 
 
 def test_decisions_are_deterministic() -> None:

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from classifier import Route
-from classifier.latency import LatencyModel, LatencyPriors
+from classifier.latency import LatencyModel, LatencyPriors, RouteLoad
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 K, C = 4, 0.2
@@ -51,11 +51,7 @@ def train(
         jitter = math.exp(rng.gauss(0, noise))
         model.observe(
             route,
-            prompt_tokens=prompt,
-            output_tokens=out,
-            batch=batch,
-            waiting=waiting,
-            tokens_per_step=tps,
+            RouteLoad(prompt, out, batch, waiting, tps),
             duration_s=total * jitter,
             ttft_s=ttft * jitter if rng.random() < streamed else None,
         )
@@ -67,7 +63,9 @@ def mape(model: LatencyModel, rng: random.Random, route: Route, n: int = 2000) -
         _, prompt, out, batch, waiting, tps = sample(rng)
         tps = tps if route is SPEC else 1.0
         _, truth = true_latency(route, prompt, out, batch, waiting, tps)
-        errors.append(abs(model.predict(route, prompt, out, batch, waiting, tps) - truth) / truth)
+        errors.append(
+            abs(model.predict(route, RouteLoad(prompt, out, batch, waiting, tps)) - truth) / truth
+        )
     return sum(errors) / len(errors)
 
 
@@ -103,23 +101,23 @@ def test_spec_prior_pays_the_draft() -> None:
 
 def test_tokens_per_step_divides_decode_time() -> None:
     model = LatencyModel(PRIORS, K, C)
-    one = model.predict(SPEC, 0, 101, 1, 0, 1.0)
-    three = model.predict(SPEC, 0, 101, 1, 0, 3.0)
+    one = model.predict(SPEC, RouteLoad(0, 101, 1))
+    three = model.predict(SPEC, RouteLoad(0, 101, 1, tokens_per_step=3.0))
     prefill = PRIORS.ttft_base_s
     assert three - prefill == pytest.approx((one - prefill) / 3)
 
 
 def test_queueing_adds_per_waiting_request() -> None:
     model = LatencyModel(PRIORS, K, C)
-    assert model.predict(BASE, 100, 50, 1, 4) - model.predict(BASE, 100, 50, 1, 0) == pytest.approx(
-        4 * PRIORS.queue_s_per_waiting
-    )
+    assert model.predict(BASE, RouteLoad(100, 50, 1, waiting=4)) - model.predict(
+        BASE, RouteLoad(100, 50, 1)
+    ) == pytest.approx(4 * PRIORS.queue_s_per_waiting)
 
 
 def test_prompts_prefilling_ahead_delay_the_first_token() -> None:
     model = LatencyModel(PRIORS, K, C)
-    ahead = model.predict(BASE, 100, 50, 1, prefill_ahead=3000)
-    assert ahead - model.predict(BASE, 100, 50, 1) == pytest.approx(
+    ahead = model.predict(BASE, RouteLoad(100, 50, 1, prefill_ahead=3000))
+    assert ahead - model.predict(BASE, RouteLoad(100, 50, 1)) == pytest.approx(
         3000 * PRIORS.prefill_s_per_token
     )
 
@@ -134,15 +132,7 @@ def test_the_fit_learns_prefill_from_requests_queued_behind_others() -> None:
         prompt, ahead = rng.randint(10, 60), rng.choice((0, 0, 0, 3000))
         ttft = t0 + p * (prompt + ahead)
         model.observe(
-            BASE,
-            prompt_tokens=prompt,
-            output_tokens=1,
-            batch=1,
-            waiting=0,
-            tokens_per_step=1.0,
-            duration_s=ttft,
-            ttft_s=ttft,
-            prefill_ahead=ahead,
+            BASE, RouteLoad(prompt, 1, 1, prefill_ahead=ahead), duration_s=ttft, ttft_s=ttft
         )
     fitted = model.parameters()[BASE]
     assert fitted.prefill_s_per_token == pytest.approx(p, rel=0.05)
@@ -152,47 +142,20 @@ def test_the_fit_learns_prefill_from_requests_queued_behind_others() -> None:
 def test_one_outlier_cannot_wreck_the_fit() -> None:
     model = LatencyModel(PRIORS, K, C)
     train(model, random.Random(4), 800)
-    probe = (BASE, 500, 200, 8, 0, 1.0)
-    before = model.predict(*probe)
-    model.observe(
-        BASE,
-        prompt_tokens=500,
-        output_tokens=200,
-        batch=8,
-        waiting=0,
-        tokens_per_step=1.0,
-        duration_s=before * 200,
-        ttft_s=None,
-    )
-    assert model.predict(*probe) == pytest.approx(before, rel=0.02)
+    probe = RouteLoad(500, 200, 8)
+    before = model.predict(BASE, probe)
+    model.observe(BASE, RouteLoad(500, 200, 8), duration_s=before * 200, ttft_s=None)
+    assert model.predict(BASE, probe) == pytest.approx(before, rel=0.02)
     # Nonsense measurements are ignored outright.
     for bad in (0.0, -1.0, math.inf, math.nan):
-        model.observe(
-            BASE,
-            prompt_tokens=500,
-            output_tokens=200,
-            batch=8,
-            waiting=0,
-            tokens_per_step=1.0,
-            duration_s=bad,
-            ttft_s=None,
-        )
-    assert model.predict(*probe) == pytest.approx(before, rel=0.02)
+        model.observe(BASE, RouteLoad(500, 200, 8), duration_s=bad, ttft_s=None)
+    assert model.predict(BASE, probe) == pytest.approx(before, rel=0.02)
 
 
 def test_rates_stay_within_max_factor_of_the_prior() -> None:
     model = LatencyModel(PRIORS, K, C)
     for _ in range(500):  # a backend 1000x slower than its prior says
-        model.observe(
-            BASE,
-            prompt_tokens=100,
-            output_tokens=100,
-            batch=1,
-            waiting=0,
-            tokens_per_step=1.0,
-            duration_s=1000.0,
-            ttft_s=None,
-        )
+        model.observe(BASE, RouteLoad(100, 100, 1), duration_s=1000.0, ttft_s=None)
     params = model.parameters()[BASE]
     assert params.step_base_s <= PRIORS.step_base_s * PRIORS.max_factor * (1 + 1e-9)
     assert params.ttft_base_s <= PRIORS.ttft_base_s * PRIORS.max_factor * (1 + 1e-9)
@@ -206,14 +169,7 @@ def test_unexercised_rate_stays_at_its_prior() -> None:
         route, prompt, out, batch, _, tps = sample(rng)
         ttft, total = true_latency(route, prompt, out, batch, 0, tps)
         model.observe(
-            route,
-            prompt_tokens=prompt,
-            output_tokens=out,
-            batch=batch,
-            waiting=0,
-            tokens_per_step=tps,
-            duration_s=total,
-            ttft_s=ttft,
+            route, RouteLoad(prompt, out, batch, tokens_per_step=tps), duration_s=total, ttft_s=ttft
         )
     for params in model.parameters().values():
         assert params.queue_s_per_waiting == pytest.approx(PRIORS.queue_s_per_waiting, rel=0.05)
@@ -223,17 +179,8 @@ def test_forgets_a_changed_backend() -> None:
     model = LatencyModel(LatencyPriors(memory=300), K, C)
     for step in (0.01, 0.03):  # the backend becomes 3x slower per step
         for _ in range(1500):
-            model.observe(
-                BASE,
-                prompt_tokens=100,
-                output_tokens=101,
-                batch=1,
-                waiting=0,
-                tokens_per_step=1.0,
-                duration_s=0.02 + 100 * step,
-                ttft_s=0.02,
-            )
-    assert model.predict(BASE, 100, 101, 1) == pytest.approx(0.02 + 100 * 0.03, rel=0.05)
+            model.observe(BASE, RouteLoad(100, 101, 1), duration_s=0.02 + 100 * step, ttft_s=0.02)
+    assert model.predict(BASE, RouteLoad(100, 101, 1)) == pytest.approx(0.02 + 100 * 0.03, rel=0.05)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from costmodel_sim import Engine, features, outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from classifier import BackendState, LiveState, Policy, Route, Workload
+from classifier import BackendState, GuardsConfig, LiveState, Policy, Route, Workload
 from classifier.acceptance import AcceptancePriors
 from classifier.costmodel import (
     COST_MODEL_REASONS,
@@ -19,6 +19,7 @@ from classifier.costmodel import (
     Observation,
     send_batch,
 )
+from classifier.policy import DEFAULT_GUARDS
 from classifier.speculation import acceptance_rate
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
@@ -29,8 +30,8 @@ CHAT = features(Workload.CHAT, 300, 256, 0.7)  # prior a = 0.5: close either way
 NO_EXPLORE = CostModelConfig(explore_share=0.0)
 
 
-def policy(**config: Any) -> CostModelPolicy:
-    return CostModelPolicy(dataclasses.replace(NO_EXPLORE, **config))
+def policy(guards: GuardsConfig = DEFAULT_GUARDS, **config: Any) -> CostModelPolicy:
+    return CostModelPolicy(dataclasses.replace(NO_EXPLORE, **config), guards=guards)
 
 
 def spec_state(**fields: Any) -> LiveState:
@@ -117,7 +118,8 @@ def test_spec_busy_guard_by_our_count_or_the_servers() -> None:
     assert policy().decide(STRUCTURED, spec_state(inflight=16)).reason == "spec-busy"
     assert policy().decide(STRUCTURED, spec_state(inflight=1, running=20)).reason == "spec-busy"
     assert (
-        policy(spec_max_inflight=4).decide(STRUCTURED, spec_state(inflight=4)).reason == "spec-busy"
+        policy(GuardsConfig(spec_max_inflight=4)).decide(STRUCTURED, spec_state(inflight=4)).reason
+        == "spec-busy"
     )
     assert policy().decide(STRUCTURED, spec_state(inflight=15)).route is SPEC
 
@@ -209,8 +211,9 @@ def test_exploration_never_under_guards_and_never_past_its_share(
             explored += 1
             spec = state.speculative
             assert spec.healthy and state.baseline.healthy
-            assert spec.kv_cache_usage is None or spec.kv_cache_usage < cfg.spec_max_kv_usage
-            assert max(spec.inflight, spec.running or 0) < cfg.spec_max_inflight
+            guards = GuardsConfig()
+            assert spec.kv_cache_usage is None or spec.kv_cache_usage < guards.spec_max_kv_usage
+            assert max(spec.inflight, spec.running or 0) < guards.spec_max_inflight
         assert explored <= share * n + 5
 
 

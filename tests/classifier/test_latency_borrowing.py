@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from classifier.latency import LatencyModel, LatencyPriors
+from classifier.latency import LatencyModel, LatencyPriors, RouteLoad
 from classifier.policy import Route
 
 
@@ -12,16 +12,7 @@ def _streamed(
     model: LatencyModel, route: Route, prompt: int, out: int, batch: int, ttft: float, decode: float
 ) -> None:
     """One streamed answer with one token per step: ttft, then `decode` seconds more."""
-    model.observe(
-        route,
-        prompt_tokens=prompt,
-        output_tokens=out,
-        batch=batch,
-        waiting=0,
-        tokens_per_step=1.0,
-        duration_s=ttft + decode,
-        ttft_s=ttft,
-    )
+    model.observe(route, RouteLoad(prompt, out, batch), duration_s=ttft + decode, ttft_s=ttft)
 
 
 def _observe_baseline(model: LatencyModel, n: int, slowdown: float) -> None:
@@ -35,12 +26,12 @@ def _observe_baseline(model: LatencyModel, n: int, slowdown: float) -> None:
 
 def test_an_unobserved_route_follows_the_observed_routes_scale() -> None:
     model = LatencyModel(LatencyPriors(), num_speculative_tokens=4, draft_cost_ratio=0.2)
-    spec_before = model.predict(Route.SPECULATIVE, 200, 100, 1, tokens_per_step=2.0)
+    spec_before = model.predict(Route.SPECULATIVE, RouteLoad(200, 100, 1, tokens_per_step=2.0))
     _observe_baseline(model, 60, slowdown=0.5)  # the engine is twice as fast as the priors
-    base_ratio = model.predict(Route.BASELINE, 200, 100, 1) / LatencyModel(
+    base_ratio = model.predict(Route.BASELINE, RouteLoad(200, 100, 1)) / LatencyModel(
         LatencyPriors(), 4, 0.2
-    ).predict(Route.BASELINE, 200, 100, 1)
-    spec_after = model.predict(Route.SPECULATIVE, 200, 100, 1, tokens_per_step=2.0)
+    ).predict(Route.BASELINE, RouteLoad(200, 100, 1))
+    spec_after = model.predict(Route.SPECULATIVE, RouteLoad(200, 100, 1, tokens_per_step=2.0))
     assert base_ratio == pytest.approx(0.5, rel=0.1)
     assert spec_after / spec_before == pytest.approx(base_ratio, rel=0.1)
 
@@ -52,9 +43,11 @@ def test_a_route_with_its_own_traffic_stands_on_its_own_fit() -> None:
         ttft = priors.ttft_base_s + priors.prefill_s_per_token * 100
         decode = 49 * (priors.step_base_s + priors.step_per_seq_s) * 1.8
         _streamed(model, Route.SPECULATIVE, 100, 50, 1, ttft, decode)
-    at_prior = model.predict(Route.SPECULATIVE, 100, 50, 1)
+    at_prior = model.predict(Route.SPECULATIVE, RouteLoad(100, 50, 1))
     _observe_baseline(model, 200, slowdown=0.5)
-    assert model.predict(Route.SPECULATIVE, 100, 50, 1) == pytest.approx(at_prior, rel=0.05)
+    assert model.predict(Route.SPECULATIVE, RouteLoad(100, 50, 1)) == pytest.approx(
+        at_prior, rel=0.05
+    )
 
 
 def test_a_starved_route_keeps_its_measured_ratio_to_the_other() -> None:
@@ -67,10 +60,12 @@ def test_a_starved_route_keeps_its_measured_ratio_to_the_other() -> None:
     for _ in range(100):
         for route, step in ((Route.BASELINE, base_step), (Route.SPECULATIVE, 3 * base_step)):
             _streamed(model, route, 100, 51, 1, 0.05, 50 * step)
-    before = model.predict(Route.SPECULATIVE, 100, 51, 1) / model.predict(
-        Route.BASELINE, 100, 51, 1
+    before = model.predict(Route.SPECULATIVE, RouteLoad(100, 51, 1)) / model.predict(
+        Route.BASELINE, RouteLoad(100, 51, 1)
     )
     _observe_baseline(model, 400, slowdown=2.0)
-    after = model.predict(Route.SPECULATIVE, 100, 51, 1) / model.predict(Route.BASELINE, 100, 51, 1)
+    after = model.predict(Route.SPECULATIVE, RouteLoad(100, 51, 1)) / model.predict(
+        Route.BASELINE, RouteLoad(100, 51, 1)
+    )
     assert before > 2.0
     assert after == pytest.approx(before, rel=0.15)

@@ -5,9 +5,10 @@
 
 It records its command line and its start and ready times in
 $FAKE_VLLM_RECORD_DIR/<port>.json, waits $FAKE_VLLM_STARTUP_S (a model
-loading), then serves the emulated vLLM server (tooling.emulator: the same
-API and /metrics names) on the given port until SIGTERM. With
-$FAKE_VLLM_FAIL set it exits 1 at once, like a server that cannot start.
+loading, on purpose), then serves the emulated vLLM server (tooling.emulator:
+the same API and /metrics names) on the given port until SIGTERM. An emulator
+that does not import fails the start (and so the test). With $FAKE_VLLM_FAIL
+set it exits 1 at once, like a server that cannot start.
 """
 
 from __future__ import annotations
@@ -22,22 +23,7 @@ from typing import Literal
 
 from aiohttp import web
 
-
-def _minimal_app(model: str) -> web.Application:
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=f'vllm:num_requests_running{{model_name="{model}"}} 0\n')
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/metrics", metrics)
-    return app
+from tooling.emulator import EmulatorConfig, create_emulator_app
 
 
 def main() -> int:
@@ -59,7 +45,7 @@ def main() -> int:
     if os.environ.get("FAKE_VLLM_FAIL"):
         print("fake_vllm: CUDA out of memory (on purpose)", file=sys.stderr)
         return 1
-    time.sleep(float(os.environ.get("FAKE_VLLM_STARTUP_S", "0")))
+    time.sleep(float(os.environ.get("FAKE_VLLM_STARTUP_S", "0")))  # loading a model, on purpose
     record = {
         "argv": sys.argv[1:],
         "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "HF_"))},
@@ -72,14 +58,9 @@ def main() -> int:
     mode: Literal["speculative", "baseline"] = (
         "speculative" if args.speculative_config else "baseline"
     )
-    try:
-        from tooling.emulator import EmulatorConfig, create_emulator_app
-
-        app = create_emulator_app(
-            EmulatorConfig(mode=mode, model=args.served_model_name, time_scale=0.01)
-        )
-    except ImportError:
-        app = _minimal_app(args.served_model_name)
+    app = create_emulator_app(
+        EmulatorConfig(mode=mode, model=args.served_model_name, time_scale=0.01)
+    )
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
     return 0
 

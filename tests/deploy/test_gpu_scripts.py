@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from deploy.gpu.sizing import GIB, plan_split
-from tests.deploy.conftest import DEPLOY, ROOT, require_binary, run
+from tests.deploy.conftest import DEPLOY, ROOT, run
+from tests.support import require_tool
 
 GPU = DEPLOY / "gpu"
 HERE = Path(__file__).resolve().parent
@@ -27,7 +28,7 @@ H200_MIB = "143771"
 
 
 def test_shellcheck() -> None:
-    shellcheck = require_binary("shellcheck", "CI: apt-get install -y shellcheck")
+    shellcheck = require_tool("shellcheck", "scripts/test.sh apt-installs shellcheck")
     res = run([shellcheck, "-x", "--source-path=SCRIPTDIR", "--severity=style", *map(str, SCRIPTS)])
     assert res.returncode == 0, res.stdout + res.stderr
     assert {p.name for p in SCRIPTS} >= {"launch.sh", "down.sh", "validate.sh"}
@@ -294,11 +295,9 @@ def test_validate_runs_the_whole_gpu_check(
 
 
 def test_the_bench_interface_validate_uses_matches_specroute_bench() -> None:
-    """Once `specroute bench` exists, it must take the flags validate.sh passes."""
+    """`specroute bench` takes the flags validate.sh passes."""
     specroute = Path(sys.executable).with_name("specroute")
     res = run([str(specroute), "bench", "--help"], timeout=60)
-    if res.returncode != 0 and "invalid choice" in res.stderr:
-        pytest.skip("SKIPPED LOUDLY: `specroute bench` does not exist yet (validate.sh is ready)")
     assert res.returncode == 0, res.stderr
     for flag in ("--target", "--workload", "--concurrency", "--json", "--plot"):
         assert flag in res.stdout, f"specroute bench has no {flag}: update deploy/gpu/validate.sh"

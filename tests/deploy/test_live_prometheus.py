@@ -12,20 +12,20 @@ import asyncio
 import contextlib
 import json
 import socket
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import yaml
 from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import parse_config
-from tests.deploy.conftest import DEPLOY, require_binary
+from tests.deploy.conftest import DEPLOY
 from tests.deploy.promql_names import all_expressions
+from tests.support import require_tool, wait_until
+from tooling.emulator import EmulatorConfig, create_emulator_app
 
 PROM = DEPLOY / "prometheus"
 MODEL = "smollm2-135m"
@@ -96,25 +96,15 @@ async def _query(session: aiohttp.ClientSession, base: str, promql: str) -> list
     return payload["data"]["result"]  # type: ignore[no-any-return]
 
 
-async def _eventually(check: Any, within_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            return await check()
-        except (AssertionError, aiohttp.ClientError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+async def _eventually(check: Any, what: str) -> Any:
+    """Prometheus answers `check`'s assertions within 20 s (a 1 s scrape interval)."""
+    return await wait_until(
+        check, what, timeout_s=20, interval_s=0.5, ignoring=(AssertionError, aiohttp.ClientError)
+    )
 
 
 async def test_prometheus_scrapes_the_gateway_and_answers_promql(tmp_path: Path) -> None:
-    binary = require_binary(
-        "prometheus", "CI: apt-get install -y prometheus (the Debian package's server)"
-    )
-    try:
-        from tooling.emulator import EmulatorConfig, create_emulator_app
-    except ImportError as exc:  # pragma: no cover - only while the emulator is being written
-        pytest.skip(f"SKIPPED LOUDLY: tooling.emulator is not importable yet ({exc})")
+    binary = require_tool("prometheus", "scripts/test.sh apt-installs Debian's prometheus")
 
     runners: list[web.AppRunner] = []
     try:
@@ -149,7 +139,7 @@ async def test_prometheus_scrapes_the_gateway_and_answers_promql(tmp_path: Path)
                 assert len(up) == 3 and all(r["value"][1] == "1" for r in up), up
                 return up
 
-            up = await _eventually(all_targets_up)
+            up = await _eventually(all_targets_up, "the three targets up")
 
             async def send(route: str, i: int) -> None:
                 body = {
@@ -172,7 +162,10 @@ async def test_prometheus_scrapes_the_gateway_and_answers_promql(tmp_path: Path)
             # Prometheus scrapes, then the rest, so that rate() sees them grow.
             for route in SENT:
                 await send(route, 0)
-            await _eventually(lambda: _nonzero(session, prom, "sum(specroute_requests_total) == 2"))
+            await _eventually(
+                lambda: _nonzero(session, prom, "sum(specroute_requests_total) == 2"),
+                "the first two requests scraped",
+            )
             for route, (count, _) in SENT.items():
                 for i in range(1, count):
                     await send(route, i)
@@ -185,9 +178,10 @@ async def test_prometheus_scrapes_the_gateway_and_answers_promql(tmp_path: Path)
                 assert got == {route: float(n) for route, (n, _) in SENT.items()}, got
                 return result
 
-            result = await _eventually(counted)
+            result = await _eventually(counted, "every request counted by route")
             await _eventually(
-                lambda: _nonzero(session, prom, "sum(rate(specroute_requests_total[10s]))")
+                lambda: _nonzero(session, prom, "sum(rate(specroute_requests_total[10s]))"),
+                "a non-zero request rate",
             )
             # The vLLM job's route label, on the emulator's real vLLM metric names.
             drafts = await _eventually(
@@ -195,10 +189,13 @@ async def test_prometheus_scrapes_the_gateway_and_answers_promql(tmp_path: Path)
                     session,
                     prom,
                     'sum by (route) (vllm:spec_decode_num_draft_tokens_total{job="vllm"})',
-                )
+                ),
+                "draft tokens on the vLLM job",
             )
             # The alert rules load and evaluate without error on live data.
-            rules = await _eventually(lambda: _rules_evaluated(session, prom))
+            rules = await _eventually(
+                lambda: _rules_evaluated(session, prom), "the alert rules evaluated"
+            )
             # Every dashboard and rule expression runs on live data without error
             # (binary-operator matching errors show only at evaluation).
             empty = set()

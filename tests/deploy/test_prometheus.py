@@ -9,15 +9,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import DEPLOY, require_binary, run
+from tests.deploy.conftest import DEPLOY, run
+from tests.support import require_tool
 
 PROM = DEPLOY / "prometheus"
-HOW = "CI: apt-get install -y prometheus (Debian's package ships promtool)"
+HOW = "scripts/test.sh apt-installs Debian's prometheus, which ships promtool"
 
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    return require_binary("promtool", HOW)
+    return require_tool("promtool", HOW)
 
 
 def test_check_rules(promtool: str) -> None:

@@ -25,6 +25,7 @@ from tests.deploy.promql_names import (
     metric_names,
     names_of,
 )
+from tooling.emulator import EmulatorConfig, create_emulator_app
 
 ClientFactory = Callable[[web.Application], Awaitable[TestClient[Any, Any]]]
 EXPRESSIONS = all_expressions()
@@ -78,10 +79,6 @@ async def test_gateway_names_exist_in_a_real_gateway_scrape(
 
 
 async def test_vllm_names_exist_in_the_emulator_scrape(aiohttp_client: ClientFactory) -> None:
-    try:
-        from tooling.emulator import EmulatorConfig, create_emulator_app
-    except ImportError as exc:  # pragma: no cover - only while the emulator is being written
-        pytest.skip(f"SKIPPED LOUDLY: tooling.emulator is not importable yet ({exc})")
     used = {n for n in USED if n.startswith("vllm:")}
     for mode in ("speculative", "baseline"):
         app = create_emulator_app(EmulatorConfig(mode=mode, model="m", time_scale=0.01))
@@ -97,8 +94,7 @@ async def test_vllm_names_exist_in_the_emulator_scrape(aiohttp_client: ClientFac
 @pytest.mark.parametrize("mode", ["speculative", "baseline"])
 def test_vllm_names_exist_in_a_real_vllm_scrape(mode: str) -> None:
     path = FIXTURES / f"metrics_{mode}.txt"
-    if not path.is_file():
-        pytest.skip(f"SKIPPED LOUDLY: {path} (a real vLLM scrape) is not there")
+    assert path.is_file(), f"{path} (a real vLLM scrape, committed) is missing"
     exposed = exposed_names(path.read_text())
     used = {n for n in USED if n.startswith("vllm:")}
     if mode == "baseline":  # no spec_decode_* without --speculative-config

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import wait_until
 from tooling.emulator import EmulatorConfig, create_emulator_app
 
 BODY = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4000, "ignore_eos": True}
@@ -41,13 +42,18 @@ async def serve() -> AsyncIterator[Serve]:
         await runner.cleanup()
 
 
+async def _state(session: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+    async with session.get(f"{base}/emulator/state") as resp:
+        state: dict[str, Any] = await resp.json()
+    return state
+
+
 async def _wait_for_abort(session: aiohttp.ClientSession, base: str) -> dict[str, Any]:
-    for _ in range(200):
-        state: dict[str, Any] = await (await session.get(f"{base}/emulator/state")).json()
-        if state["client_aborts"]:
-            return state
-        await asyncio.sleep(0.01)
-    raise AssertionError("the request was never aborted")
+    async def aborted() -> dict[str, Any] | None:
+        state = await _state(session, base)
+        return state if state["client_aborts"] else None
+
+    return await wait_until(aborted, "the request aborted")
 
 
 async def _abort_count(session: aiohttp.ClientSession, base: str) -> float:
@@ -89,7 +95,11 @@ async def test_abort_while_waiting_in_queue(serve: Serve) -> None:
     base = await serve(max_num_seqs=1)
     async with aiohttp.ClientSession() as session:
         first = asyncio.create_task(session.post(f"{base}/v1/chat/completions", json=BODY))
-        await asyncio.sleep(0.05)
+
+        async def first_running() -> bool:
+            return (await _state(session, base))["running"] == 1  # type: ignore[no-any-return]
+
+        await wait_until(first_running, "the first request running")
         with pytest.raises(asyncio.TimeoutError):
             await session.post(
                 f"{base}/v1/chat/completions", json=BODY, timeout=aiohttp.ClientTimeout(total=0.1)

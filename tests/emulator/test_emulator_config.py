@@ -11,6 +11,7 @@ import sys
 import aiohttp
 import pytest
 
+from tests.support import wait_until
 from tooling.emulator import EmulatorConfig, add_emulator_arguments, config_from_args
 
 
@@ -81,13 +82,14 @@ async def test_main_serves_and_says_emulated() -> None:
         first = await asyncio.wait_for(proc.stdout.readline(), 30)
         assert b"EMULATED vLLM server" in first and b"mode=baseline" in first
         async with aiohttp.ClientSession() as session:
-            for _ in range(100):
-                try:
-                    async with session.get(f"http://127.0.0.1:{port}/health") as resp:
-                        assert resp.status == 200
-                        break
-                except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.05)
+
+            async def healthy() -> bool:
+                async with session.get(f"http://127.0.0.1:{port}/health") as resp:
+                    return resp.status == 200
+
+            await wait_until(
+                healthy, "/health to answer 200", ignoring=(aiohttp.ClientConnectionError,)
+            )
             body = {"prompt": "hi", "max_tokens": 3}
             async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as resp:
                 assert (await resp.json())["usage"]["completion_tokens"] == 3

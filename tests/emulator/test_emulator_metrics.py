@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import wait_until
 from tooling.emulator import EMULATOR
 
 if TYPE_CHECKING:
@@ -136,14 +137,6 @@ async def test_baseline_has_no_spec_counters(
     assert value(m, "vllm:inter_token_latency_seconds_count") == 19
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never met")
-
-
 async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
     for task in tasks:
         task.cancel()
@@ -159,15 +152,21 @@ async def test_waiting_running_and_kv_usage_under_load(
     tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=body)) for _ in range(5)]
     engine = client.app[EMULATOR].engine  # type: ignore[index]
     try:
-        await _until(lambda: engine.num_running == 2 and engine.num_waiting == 3)
-        await asyncio.sleep(0.05)  # let a step publish the gauges
-        m = await scrape(client)
-        assert value(m, "vllm:num_requests_running") == 2
-        assert value(m, "vllm:num_requests_waiting") == 3
+        await wait_until(
+            lambda: engine.num_running == 2 and engine.num_waiting == 3, "2 running, 3 waiting"
+        )
+
+        async def published() -> dict[str, Any] | None:  # by the engine's next step
+            m = await scrape(client)
+            running = value(m, "vllm:num_requests_running")
+            waiting = value(m, "vllm:num_requests_waiting")
+            return m if (running, waiting) == (2, 3) else None
+
+        m = await wait_until(published, "the gauges to show 2 running, 3 waiting")
         assert 0 < value(m, "vllm:kv_cache_usage_perc") < 0.05
     finally:
         await _cancel(tasks)
-    await _until(lambda: engine.num_running == engine.num_waiting == 0)
+    await wait_until(lambda: engine.num_running == engine.num_waiting == 0, "all 5 aborted")
     assert engine.counts.client_aborts == 5
 
 
@@ -180,8 +179,10 @@ async def test_kv_budget_limits_admission(
     tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=body)) for _ in range(3)]
     engine = client.app[EMULATOR].engine  # type: ignore[index]
     try:
-        await _until(lambda: engine.num_running == 2 and engine.num_waiting == 1)
-        await _until(lambda: engine.kv_usage() > 0.5)
+        await wait_until(
+            lambda: engine.num_running == 2 and engine.num_waiting == 1, "2 running, 1 waiting"
+        )
+        await wait_until(lambda: engine.kv_usage() > 0.5, "the KV cache over half full")
         assert engine.kv_usage() <= 1
     finally:
         await _cancel(tasks)

@@ -9,10 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+
+def backend_app(
+    generate: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.Application:
+    """A one-off backend: `generate` answers chat completions, /health says 200."""
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_get("/health", health)
+    return app
+
 
 WORDS = ["Hello", " from", " the", " fake", " upstream", "."]
 
@@ -25,6 +41,7 @@ class FakeUpstream:
     chunk_delay_s: float = 0.0
     words: list[str] = field(default_factory=lambda: list(WORDS))
     healthy: bool = True
+    health_calls: int = 0
     drop_after: int | None = None  # close the connection after this many stream events
     stall_after: int | None = None  # go silent after this many stream events
     tokens_per_event: int = 1  # tokens each streamed event stands for, in the usage
@@ -50,6 +67,7 @@ class FakeUpstream:
         return web.Response(text=self.metrics_text, content_type="text/plain")
 
     async def _health(self, request: web.Request) -> web.Response:
+        self.health_calls += 1
         return web.Response(status=200 if self.healthy else 503)
 
     async def _models(self, request: web.Request) -> web.Response:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from classifier.policy import Route
+from classifier import Endpoint, TokenCounter, Workload, extract_features
+from classifier.policy import GuardsConfig, Route
 from gateway.cli import resolve_config
 from gateway.config import ConfigError, load_config, parse_config
 
@@ -20,6 +21,7 @@ def test_shipped_config_toml_is_valid() -> None:
     config = load_config(ROOT / "config.toml")
     assert config.backends.speculative.urls == ("http://127.0.0.1:8001",)
     assert config.routing.rules.default_route is Route.SPECULATIVE
+    assert config.routing.guards == GuardsConfig(spec_max_inflight=16, spec_max_kv_usage=0.9)
 
 
 def test_urls_are_normalised_with_or_without_v1() -> None:
@@ -62,6 +64,57 @@ def test_bad_config_fails_with_the_key_named(raw: dict[str, object], message: st
         parse_config(raw)
     assert message in str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("rules.spec_max_inflight", "routing.guards.spec_max_inflight"),
+        ("rules.spec_max_kv_usage", "routing.guards.spec_max_kv_usage"),
+        ("cost_model.spec_max_inflight", "routing.guards.spec_max_inflight"),
+        ("cost_model.spec_max_kv_usage", "routing.guards.spec_max_kv_usage"),
+        ("rules.creative_min_temperature", "routing.creative_min_temperature"),
+    ],
+)
+def test_a_moved_key_names_its_new_place(old: str, new: str) -> None:
+    table, key = old.split(".")
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"backends": BACKENDS, "routing": {table: {key: 1}}})
+    assert str(exc.value) == f"config: 'routing.{old}' is not set here: set {new!r}"
+
+
+@pytest.mark.parametrize(
+    ("guards", "key"),
+    [
+        ({"spec_max_inflight": 0}, "spec_max_inflight must be >= 1"),
+        ({"spec_max_inflight": -3}, "spec_max_inflight must be >= 1"),
+        ({"spec_max_kv_usage": 0.0}, "spec_max_kv_usage must be within (0, 1]"),
+        ({"spec_max_kv_usage": 1.5}, "spec_max_kv_usage must be within (0, 1]"),
+        ({"spec_max_kv_usage": "high"}, "routing.guards.spec_max_kv_usage must be a number"),
+    ],
+)
+def test_guards_are_validated_with_the_key_named(guards: dict[str, object], key: str) -> None:
+    """The cost model's copies of the guards used to be read without any check."""
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"backends": BACKENDS, "routing": {"guards": guards}})
+    assert "routing.guards" in str(exc.value) and key in str(exc.value)
+
+
+def test_creative_threshold_reaches_feature_extraction(tokens: TokenCounter) -> None:
+    """routing.creative_min_temperature sets the workload every policy sees (it was
+    read by the rules' temperature rule only; extract_features kept its default)."""
+
+    def workload(threshold: float) -> Workload:
+        config = parse_config(
+            {"backends": BACKENDS, "routing": {"creative_min_temperature": threshold}}
+        )
+        body = {"messages": [{"role": "user", "content": "A poem"}], "temperature": 1.2}
+        return extract_features(body, Endpoint.CHAT, tokens, config.routing.features).workload
+
+    assert workload(1.5) is Workload.CHAT
+    assert workload(1.0) is Workload.CREATIVE
+    with pytest.raises(ConfigError, match=r"routing\.creative_min_temperature must be >= 0"):
+        parse_config({"backends": BACKENDS, "routing": {"creative_min_temperature": -1}})
 
 
 def test_bad_toml_file(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ from gateway.app import create_app
 from tests.gateway.conftest import make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_observability import samples
-from tests.gateway.test_routing import chat
+from tests.gateway.test_routing import post_hi
+from tests.support import wait_until
 from tooling.local_stack import serve_app
 
 
@@ -45,23 +46,24 @@ async def _disconnect_count(url: str) -> float:
     )
 
 
+async def _disconnect_counted(url: str) -> None:
+    """Counted once the gateway's handler has unwound, a moment after the upstream's cancel."""
+    counted = await wait_until(lambda: _disconnect_count(url), "a client_disconnect counted")
+    assert counted == 1
+
+
 async def test_disconnect_mid_stream_cancels_upstream(
     production_gateway: str, spec_upstream: FakeUpstream
 ) -> None:
     spec_upstream.chunk_delay_s = 0.5
     spec_upstream.words = ["tok"] * 40  # 20 s if nobody stopped it
     async with aiohttp.ClientSession() as session:
-        resp = await session.post(
-            f"{production_gateway}/v1/chat/completions",
-            json=chat("hi", stream=True),
-            headers={"x-specroute-route": "speculative"},
-        )
+        resp = await post_hi(session, production_gateway, "speculative", stream=True)
         assert (await resp.content.readline()).startswith(b"data: ")
         resp.close()  # the client goes away mid-stream
         await asyncio.wait_for(spec_upstream.cancelled.wait(), timeout=1.0)
     assert not spec_upstream.sent_streams  # it never finished
-    await asyncio.sleep(0.05)
-    assert await _disconnect_count(production_gateway) == 1
+    await _disconnect_counted(production_gateway)
 
 
 async def test_disconnect_during_non_stream_request_cancels_upstream(
@@ -69,20 +71,13 @@ async def test_disconnect_during_non_stream_request_cancels_upstream(
 ) -> None:
     base_upstream.chunk_delay_s = 2.0  # a 12 s answer
     async with aiohttp.ClientSession() as session:
-        task = asyncio.create_task(
-            session.post(
-                f"{production_gateway}/v1/chat/completions",
-                json=chat("hi"),
-                headers={"x-specroute-route": "baseline"},
-            )
-        )
+        task = asyncio.create_task(post_hi(session, production_gateway, "baseline"))
         await asyncio.wait_for(base_upstream.arrived.wait(), timeout=5.0)
         task.cancel()  # closes the client's connection
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.wait_for(base_upstream.cancelled.wait(), timeout=1.0)
-    await asyncio.sleep(0.05)
-    assert await _disconnect_count(production_gateway) == 1
+    await _disconnect_counted(production_gateway)
 
 
 async def test_disconnect_before_first_token_cancels_upstream(
@@ -90,13 +85,8 @@ async def test_disconnect_before_first_token_cancels_upstream(
 ) -> None:
     spec_upstream.chunk_delay_s = 3.0
     async with aiohttp.ClientSession() as session:
-        resp = await session.post(
-            f"{production_gateway}/v1/chat/completions",
-            json=chat("hi", stream=True),
-            headers={"x-specroute-route": "speculative"},
-        )
+        resp = await post_hi(session, production_gateway, "speculative", stream=True)
         assert resp.status == 200  # headers only: no event has been produced yet
         resp.close()
         await asyncio.wait_for(spec_upstream.cancelled.wait(), timeout=1.0)
-    await asyncio.sleep(0.05)
-    assert await _disconnect_count(production_gateway) == 1
+    await _disconnect_counted(production_gateway)

@@ -16,6 +16,7 @@ from tests.gateway.conftest import ClientFactory, GatewayFactory, make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_observability import samples
 from tests.gateway.test_routing import chat
+from tests.support import wait_until
 
 Client = TestClient[web.Request, web.Application]
 SPEC = {"x-specroute-route": "speculative"}
@@ -135,8 +136,9 @@ async def test_passive_ejection_and_readmission(
     assert (await (await client.get("/ready")).json())["backends"]["speculative"] is False
 
     spec_upstream.fail_status = None
-    await asyncio.sleep(0.8)  # ejection over; the next probe readmits it
-    assert pool.live_state().speculative.healthy
+    await wait_until(  # the 0.5 s ejection over, the next probe readmits it
+        lambda: pool.live_state().speculative.healthy, "speculative readmitted"
+    )
     resp = await client.post("/v1/chat/completions", json=STRUCTURED)
     assert resp.headers["x-specroute-route"] == "speculative"
 

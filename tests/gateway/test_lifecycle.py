@@ -14,7 +14,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from tests.gateway.fake_upstream import FakeUpstream
-from tests.gateway.test_routing import chat
+from tests.gateway.test_routing import chat, post_hi
+from tests.support import wait_until
 from tooling.local_stack import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +47,21 @@ class Gateway:
     def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
         self.proc = proc
         self.url = url
+        self._log = bytearray()
         assert proc.stderr is not None
-        self._reader = asyncio.create_task(proc.stderr.read())
+        self._reader = asyncio.create_task(self._drain(proc.stderr))
+
+    async def _drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(65536):
+            self._log += chunk
+
+    def logged(self, event: str) -> int:
+        """How many times `event` is in the log so far (its lines are JSON)."""
+        return self._log.count(f'"{event}"'.encode())
 
     async def stderr(self) -> str:
-        return (await self._reader).decode()
+        await self._reader
+        return self._log.decode()
 
 
 GatewayFactory = Callable[[float], Awaitable[Gateway]]
@@ -101,16 +112,15 @@ async def test_sigterm_drains_in_flight_and_refuses_new_work(
 ) -> None:
     spec_upstream.chunk_delay_s = 0.3  # ~2 s stream
     async with aiohttp.ClientSession() as session:
-        stream = await session.post(
-            f"{gateway_process.url}/v1/chat/completions",
-            json=chat("hi", stream=True),
-            headers={"x-specroute-route": "speculative"},
-        )
+        stream = await post_hi(session, gateway_process.url, "speculative", stream=True)
         await stream.content.readline()
         gateway_process.proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.2)
-        ready = await session.get(f"{gateway_process.url}/ready")
-        assert ready.status == 503
+
+        async def not_ready() -> bool:
+            async with session.get(f"{gateway_process.url}/ready") as ready:
+                return ready.status == 503
+
+        await wait_until(not_ready, "/ready to answer 503 once SIGTERM is handled")
         refused = await session.post(f"{gateway_process.url}/v1/chat/completions", json=chat("x"))
         assert refused.status == 503
         assert (await refused.json())["error"]["code"] == "draining"
@@ -126,11 +136,7 @@ async def test_sigterm_cancels_what_outlives_the_drain_time(
     spec_upstream.chunk_delay_s = 0.3
     spec_upstream.words = ["tok"] * 100  # 30 s
     async with aiohttp.ClientSession() as session:
-        stream = await session.post(
-            f"{gateway.url}/v1/chat/completions",
-            json=chat("hi", stream=True),
-            headers={"x-specroute-route": "speculative"},
-        )
+        stream = await post_hi(session, gateway.url, "speculative", stream=True)
         await stream.content.readline()
         gateway.proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(spec_upstream.cancelled.wait(), 5)  # vLLM would abort it
@@ -144,6 +150,7 @@ async def test_sighup_reloads_and_a_bad_file_keeps_the_old_config(
     spec_server: TestServer,
     base_server: TestServer,
     spec_upstream: FakeUpstream,
+    base_upstream: FakeUpstream,
     unused_tcp_port: int,
 ) -> None:
     config = tmp_path / "config.toml"
@@ -163,24 +170,32 @@ async def test_sighup_reloads_and_a_bad_file_keeps_the_old_config(
         assert await one(session) == "speculative"
         # Reload under load: 30 requests in flight while the route flips.
         load = [asyncio.create_task(one(session)) for _ in range(30)]
-        await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: len(spec_upstream.received) + len(base_upstream.received) >= 31,
+            "the 30 requests at the upstreams",
+        )
         write_config(
             config, spec_server, base_server, port, '[routing.rules]\ndefault_route = "baseline"'
         )
         gateway_process.proc.send_signal(signal.SIGHUP)
         routes = await asyncio.gather(*load)  # none failed
         assert set(routes) <= {"speculative", "baseline"}
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: gateway_process.logged("config_reloaded") == 1, "the reload")
         assert await one(session) == "baseline"
 
         config.write_text("[server\nbroken")
         gateway_process.proc.send_signal(signal.SIGHUP)
-        await asyncio.sleep(0.2)
+        await wait_until(
+            lambda: gateway_process.logged("config_reload_rejected") == 1, "the bad file rejected"
+        )
         assert await one(session) == "baseline"  # the old (reloaded) config stays
 
         write_config(config, spec_server, base_server, port + 1)  # a restart-only change
         gateway_process.proc.send_signal(signal.SIGHUP)
-        await asyncio.sleep(0.2)
+        await wait_until(
+            lambda: gateway_process.logged("config_reload_rejected") == 2,
+            "the restart-only change rejected",
+        )
         assert await one(session) == "baseline"  # refused whole, not applied in part
 
     gateway_process.proc.send_signal(signal.SIGTERM)

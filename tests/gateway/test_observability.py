@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,6 +14,7 @@ from gateway.app import create_app
 from tests.gateway.conftest import ClientFactory, make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_routing import SCHEMA, chat
+from tests.support import wait_until
 
 Client = TestClient[web.Request, web.Application]
 
@@ -97,14 +100,21 @@ async def test_health_ready_and_models(gateway: Client) -> None:
 async def test_ready_follows_backend_health(
     gateway: Client, spec_upstream: FakeUpstream, base_upstream: FakeUpstream
 ) -> None:
+    """/ready reads the prober's results (every 0.2 s here), never probes per call."""
+
+    async def ready_is(status: int, backends: dict[str, bool] | None = None) -> Any:
+        resp = await gateway.get("/ready")
+        body = await resp.json()
+        if resp.status != status or (backends is not None and body["backends"] != backends):
+            return None
+        return body
+
     spec_upstream.healthy = False
-    ready = await gateway.get("/ready")
-    assert ready.status == 200
-    assert (await ready.json())["backends"] == {"speculative": False, "baseline": True}
+    spec_down = {"speculative": False, "baseline": True}
+    await wait_until(lambda: ready_is(200, spec_down), "/ready sees the speculative server down")
     base_upstream.healthy = False
-    ready = await gateway.get("/ready")
-    assert ready.status == 503
-    assert (await ready.json())["error"]["code"] == "not_ready"
+    body = await wait_until(lambda: ready_is(503), "/ready 503 with both down")
+    assert body["error"]["code"] == "not_ready"
     m = samples(await (await gateway.get("/metrics")).text())
     assert m[("specroute_backend_up", (("backend", "baseline"),))] == 0
 

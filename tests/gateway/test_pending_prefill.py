@@ -13,6 +13,7 @@ from classifier.policy import BackendState
 from gateway.state import BACKENDS
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
+from tests.support import wait_until
 
 PROMPT = "Summarise the following report in three sentences. " * 20
 
@@ -28,15 +29,6 @@ def body(stream: bool) -> dict[str, Any]:
 
 def baseline(gateway: TestClient[web.Request, web.Application]) -> BackendState:
     return gateway.app[BACKENDS].live_state().baseline
-
-
-async def until(condition: Any) -> None:
-    """Poll: the gateway's bookkeeping ends in a handler we do not await."""
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("not within 5 s")
 
 
 async def stalled_stream(
@@ -55,7 +47,8 @@ async def close_and_check_released(
     gateway: TestClient[web.Request, web.Application], resp: ClientResponse
 ) -> None:
     resp.close()
-    await until(lambda: baseline(gateway).inflight == 0)
+    # The gateway's bookkeeping ends in a handler we do not await.
+    await wait_until(lambda: baseline(gateway).inflight == 0, "the closed stream released")
     assert baseline(gateway).prefill_tokens == 0
 
 

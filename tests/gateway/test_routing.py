@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
@@ -20,6 +21,17 @@ SCHEMA = {
 
 def chat(content: str, **extra: Any) -> dict[str, Any]:
     return {"model": "fake-model", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def post_hi(
+    session: aiohttp.ClientSession, gateway_url: str, route: str, *, stream: bool = False
+) -> Any:
+    """ "hi", forced onto one route: what the tests of a gateway process send."""
+    return session.post(
+        f"{gateway_url}/v1/chat/completions",
+        json=chat("hi", stream=stream),
+        headers={"x-specroute-route": route},
+    )
 
 
 async def test_json_schema_at_temperature_zero_goes_speculative(

@@ -1,6 +1,7 @@
 """Fixtures for the real-engine tier: a CPU vLLM pair started by deploy/cpu/up.sh.
 
-The tier runs only when SPECROUTE_VLLM_BACKENDS names the two servers:
+The tier runs only when SPECROUTE_VLLM_BACKENDS names the two servers (without
+it the tests skip on a developer machine and fail in CI):
 
     eval "$(deploy/cpu/up.sh | paste -sd, | sed 's/^/export SPECROUTE_VLLM_BACKENDS=/')"
     # i.e. SPECROUTE_VLLM_BACKENDS="speculative=http://127.0.0.1:8101,baseline=http://127.0.0.1:8102"
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
+
+from tests.support import skip_unless_ci
 
 ENV = "SPECROUTE_VLLM_BACKENDS"
 ROUTES = ("speculative", "baseline")
@@ -70,7 +73,7 @@ def _get_json(url: str) -> dict[str, object]:
 @pytest.fixture(scope="session")
 def backends() -> Backends:
     if not backends_configured():
-        pytest.skip(f"{ENV} not set (start the pair with deploy/cpu/up.sh)")
+        skip_unless_ci(f"{ENV} not set (deploy/cpu/run_tier.sh starts the pair and sets it)")
     urls = parse_backends(os.environ[ENV])
     models: dict[str, list[str]] = {}
     for route, url in urls.items():

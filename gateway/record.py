@@ -1,0 +1,232 @@
+"""One request's life: written as it happens, read once when it ends.
+
+Each stage writes its own part: the handler what it parsed and decided
+(`RequestLife.decided`), dispatch where the request went (`sent_to`), the
+proxy what the answer's bytes showed (`Meter`). When the handler finishes, for
+any reason, `RequestLife.close` freezes all of it into a `RequestRecord`, the
+one thing that metrics, the canonical log line, learning and the outcome log
+read. Nothing reads a half-written life.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from classifier.features import Endpoint, RequestFeatures
+from classifier.policy import Decision, LiveState, Route
+from gateway.measure import MeasuredAcceptance, from_report, from_stream_steps
+
+CLIENT_DISCONNECT = "client_disconnect"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_STREAM_FAILURES = ("upstream_broken", "upstream_stall", "drained")
+
+
+def request_id_of(headers: Mapping[str, str]) -> str:
+    """The client's X-Request-Id if it is a safe token, else a fresh one."""
+    given = headers.get("X-Request-Id", "")
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+@dataclass(slots=True)
+class Meter:
+    """What the answer's bytes showed; written only by the proxy as they pass."""
+
+    started: float
+    status: int = 0
+    ttft_s: float | None = None
+    finished: float | None = None
+    usage: dict[str, Any] | None = None
+    # The final usage chunk (stream) or whole body (non-stream): vLLM puts
+    # its per-request measurements next to the usage.
+    report: dict[str, Any] | None = None
+    error_kind: str | None = None
+    bytes_sent: int = 0
+    # SSE events: all of them, those before the first token (role chunk) and
+    # the closing ones ([DONE], the usage-only chunk). The rest is one event
+    # per engine step that produced tokens.
+    events: int = 0
+    events_before_token: int = 0
+    closing_events: int = 0
+    # Called once at the first token: the backend's prefill of it is done.
+    on_first_token: Callable[[], None] | None = None
+
+    def fail(self, kind: str, status: int | None = None) -> None:
+        self.error_kind = kind
+        if status is not None:
+            self.status = status
+
+    def first_token(self) -> None:
+        self.ttft_s = time.perf_counter() - self.started
+        if self.on_first_token is not None:
+            self.on_first_token()
+
+    def finish(self) -> None:
+        if self.finished is None:
+            self.finished = time.perf_counter()
+
+    @property
+    def token_events(self) -> int:
+        return self.events - self.events_before_token - self.closing_events
+
+
+@dataclass(slots=True)
+class RequestLife:
+    """The mutable half: each stage fills in its own part through one method."""
+
+    request_id: str
+    endpoint: Endpoint
+    meter: Meter
+    features: RequestFeatures | None = None
+    decision: Decision | None = None
+    state: LiveState | None = None
+    route: Route | None = None  # who answered, after any failover
+    failover_from: Route | None = None
+    batch: int = 0  # requests in flight on that backend when sent, this one included
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, request_id: str, endpoint: Endpoint) -> RequestLife:
+        return cls(request_id, endpoint, Meter(started=time.perf_counter()))
+
+    def decided(
+        self,
+        body: dict[str, Any],
+        features: RequestFeatures,
+        decision: Decision,
+        state: LiveState,
+    ) -> None:
+        self.body, self.features, self.decision, self.state = body, features, decision, state
+
+    def sent_to(self, route: Route, batch: int) -> None:
+        self.route, self.batch = route, batch
+
+    def failed_over(self, away_from: Route) -> None:
+        self.failover_from = away_from
+
+    def close(self, num_speculative_tokens: int) -> RequestRecord:
+        self.meter.finish()
+        meter = self.meter
+        usage = meter.usage or {}
+        completion = usage.get("completion_tokens")
+        prompt = usage.get("prompt_tokens")
+        status = _status_label(meter)
+        route = self.route or (self.decision.route if self.decision else None)
+        acceptance = None
+        if status == "2xx" and route is Route.SPECULATIVE:
+            acceptance = _acceptance(meter, self.features, completion, num_speculative_tokens)
+        return RequestRecord(
+            request_id=self.request_id,
+            endpoint=self.endpoint,
+            features=self.features,
+            decision=self.decision,
+            state=self.state,
+            route=route,
+            failover_from=self.failover_from,
+            batch=self.batch,
+            status=status,
+            http_status=meter.status,
+            error=meter.error_kind,
+            ttft_s=meter.ttft_s,
+            duration_s=(meter.finished or time.perf_counter()) - meter.started,
+            prompt_tokens=prompt if isinstance(prompt, int) else None,
+            completion_tokens=completion if isinstance(completion, int) else None,
+            token_events=meter.token_events,
+            acceptance=acceptance,
+            body=self.body,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Everything one request did, frozen when it ended."""
+
+    request_id: str
+    endpoint: Endpoint
+    features: RequestFeatures | None  # None: rejected before features were known
+    decision: Decision | None
+    state: LiveState | None  # the snapshot the decision was made from
+    route: Route | None  # who answered (or was meant to)
+    failover_from: Route | None
+    batch: int
+    status: str  # 2xx, 4xx, 5xx, client_disconnect, stream_error
+    http_status: int
+    error: str | None
+    ttft_s: float | None
+    duration_s: float
+    prompt_tokens: int | None  # the backend's usage
+    completion_tokens: int | None
+    token_events: int
+    acceptance: MeasuredAcceptance | None
+    body: dict[str, Any]
+
+    @property
+    def predicted_s(self) -> float | None:
+        """The prediction for the route that answered, if the policy made one."""
+        if self.decision is None or not self.decision.predicted_s or self.route is None:
+            return None
+        return self.decision.predicted_s.get(self.route)
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.ttft_s is None or self.completion_tokens is None or self.completion_tokens < 2:
+            return None
+        return (self.duration_s - self.ttft_s) / (self.completion_tokens - 1)
+
+    @property
+    def lesson(self) -> Lesson | None:
+        """What a learning policy may take from this request: only a complete answer."""
+        if self.features is None or self.state is None or self.route is None:
+            return None
+        if self.status != "2xx" or self.error is not None or self.http_status != 200:
+            return None
+        if self.completion_tokens is None or self.completion_tokens <= 0:
+            return None
+        rate = self.acceptance.rate if self.acceptance else None
+        return Lesson(
+            self.route, self.features, self.state, self.ttft_s, self.duration_s,
+            self.prompt_tokens, self.completion_tokens, rate, self.predicted_s,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Lesson:
+    """A finished, successful request as a policy learns from it (classifier's
+    FinishedRequest protocol)."""
+
+    route: Route
+    features: RequestFeatures
+    state: LiveState
+    ttft_s: float | None
+    duration_s: float
+    prompt_tokens: int | None
+    completion_tokens: int
+    acceptance: float | None
+    predicted_s: float | None
+
+
+def _status_label(meter: Meter) -> str:
+    if meter.error_kind == CLIENT_DISCONNECT:
+        return CLIENT_DISCONNECT
+    if meter.error_kind in _STREAM_FAILURES and meter.status == 200:
+        return "stream_error"
+    if meter.status == 0:
+        return "5xx"  # died before any status: counted as ours
+    return f"{meter.status // 100}xx"
+
+
+def _acceptance(
+    meter: Meter,
+    features: RequestFeatures | None,
+    completion_tokens: object,
+    num_speculative_tokens: int,
+) -> MeasuredAcceptance | None:
+    measured = from_report(meter.report)
+    if measured is None and features is not None and features.stream and features.n == 1:
+        tokens = completion_tokens if isinstance(completion_tokens, int) else None
+        measured = from_stream_steps(tokens, meter.token_events, num_speculative_tokens)
+    return measured

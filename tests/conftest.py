@@ -1,0 +1,45 @@
+"""In CI (CI set, as .ci/run is run) a skipped test fails the run.
+
+A skip there means a check that did not run behind a green result: a tool
+scripts/test.sh should have installed, an import that broke. tests/support.py's
+skip_unless_ci and require_tool already fail in CI; this catches any other
+skip (a pytest.skip, a skipif, an importorskip) and names it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import in_ci
+
+
+class NoSkipsInCI:
+    def __init__(self) -> None:
+        self.skipped: list[str] = []
+
+    def _note(self, report: pytest.CollectReport | pytest.TestReport) -> None:
+        if report.skipped and not hasattr(report, "wasxfail"):
+            self.skipped.append(report.nodeid or "(collection)")
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._note(report)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._note(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.skipped and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.skipped:
+            terminalreporter.write_line(
+                f"CI is set: {len(self.skipped)} skipped test(s) fail the run "
+                f"(see the skip reasons above): {', '.join(self.skipped)}",
+                red=True,
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if in_ci():
+        config.pluginmanager.register(NoSkipsInCI(), "specroute-no-skips-in-ci")

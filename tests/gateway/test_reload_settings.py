@@ -1,0 +1,174 @@
+"""SIGHUP: every config key is either applied by a reload or refused by name, and the
+log level, the one process-wide setting, really changes (it used to be accepted and
+then ignored)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from aiohttp import web
+
+from classifier.acceptance_model import AcceptanceModel, acceptance_features
+from classifier.features import Workload
+from gateway import serve
+from gateway.config import Config, ConfigError, LoggingConfig, parse_config
+from gateway.runtime import RELOADABLE, Runtime, changed_keys, is_reloadable
+from gateway.state import RUNTIME
+from gateway.telemetry import configure_logging
+
+BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2"]}}
+BASE = parse_config({"backends": BACKENDS})
+
+
+def leaf_keys(cls: type[Any], path: str = "") -> list[str]:
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for fld in dataclasses.fields(cls):
+        key = f"{path}.{fld.name}" if path else fld.name
+        hint = hints[fld.name]
+        keys += (
+            leaf_keys(hint, key)
+            if isinstance(hint, type) and dataclasses.is_dataclass(hint)
+            else [key]
+        )
+    return keys
+
+
+def with_value(obj: Any, key: str, value: object) -> Any:
+    name, _, rest = key.partition(".")
+    new = with_value(getattr(obj, name), rest, value) if rest else value
+    return dataclasses.replace(obj, **{name: new})
+
+
+def other_value(key: str, value: object, tmp_path: Path) -> object:
+    """A different value that a reload could apply (files and variables exist)."""
+    special: dict[str, object] = {
+        "routing.policy": "rules",
+        "routing.tokenizer": "o200k_base",
+        "logging.level": "error",
+        "record.redaction": "off",
+        "routing.model_path": str(model_file(tmp_path)),
+        "auth.api_keys_env": "RELOAD_TEST_KEYS",
+        "auth.metrics_token_env": "RELOAD_TEST_TOKEN",
+        "auth.api_keys_file": str(keys_file(tmp_path)),
+    }
+    if key in special:
+        return special[key]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, enum.Enum):
+        members = list(type(value))
+        return members[(members.index(value) + 1) % len(members)]
+    if isinstance(value, int | float):
+        return value + 1 if isinstance(value, int) else value / 2
+    if value is None:
+        return 0.01
+    if isinstance(value, tuple):
+        return (*value, "http://c:3")
+    assert isinstance(value, str), key
+    return f"{value}-changed"
+
+
+def model_file(tmp_path: Path) -> Path:
+    n = len(acceptance_features(Workload.CHAT, False, 0.0, 1))
+    model = AcceptanceModel((0.0,) * n, 0.6, 100, 0.01, 4)
+    path = tmp_path / "model.json"
+    path.write_text(model.to_json())
+    return path
+
+
+def keys_file(tmp_path: Path) -> Path:
+    path = tmp_path / "keys"
+    path.write_text("a-key\n")
+    return path
+
+
+def bare_app(config: Config) -> web.Application:
+    app = web.Application()
+    app[RUNTIME] = Runtime(config)
+    return app
+
+
+@pytest.mark.parametrize("key", leaf_keys(Config))
+def test_every_key_is_applied_or_refused_by_name(
+    key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELOAD_TEST_KEYS", "k1,k2")
+    monkeypatch.setenv("RELOAD_TEST_TOKEN", "t")
+    levels: list[str] = []
+    monkeypatch.setattr(serve, "configure_logging", levels.append)  # the real one: below
+    old_value = functools.reduce(getattr, key.split("."), BASE)
+    new = with_value(BASE, key, other_value(key, old_value, tmp_path))
+    assert changed_keys(BASE, new) == [key]
+    app = bare_app(BASE)
+    before = app[RUNTIME].current
+    if not is_reloadable(key):
+        with pytest.raises(ConfigError, match=rf"reload refused: {re.escape(key)} need a restart"):
+            app[RUNTIME].reload(new)
+        assert serve.reload(app, lambda: new) is False
+        assert app[RUNTIME].current is before
+        return
+    assert serve.reload(app, lambda: new) is True
+    now = app[RUNTIME].current
+    assert now.config == new  # what every request reads from
+    if key.startswith("routing."):
+        assert now.policy is not before.policy  # rebuilt from the new table
+    if key.startswith("auth."):
+        assert now.keys != before.keys  # re-read
+    assert levels == (["error"] if key == "logging.level" else [])
+
+
+def test_reloadable_names_only_real_keys() -> None:
+    keys = leaf_keys(Config)
+    for entry in RELOADABLE:
+        assert any(k == entry or k.startswith(entry + ".") for k in keys), entry
+
+
+def test_a_refusal_names_every_key_that_needs_a_restart() -> None:
+    new = with_value(with_value(BASE, "server.port", 9), "routing.tokenizer", "o200k_base")
+    new = with_value(new, "routing.policy", "rules")  # reloadable: does not count
+    with pytest.raises(ConfigError) as exc:
+        Runtime(BASE).reload(new)
+    assert str(exc.value) == (
+        "config: reload refused: server.port, routing.tokenizer need a restart"
+    )
+
+
+@pytest.fixture
+def production_logging(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """configure_logging as `specroute serve` runs it (cached loggers), undone after."""
+    saved = structlog.get_config()
+    # serve.reload logs with its module logger; a fresh proxy keeps the cached one here.
+    monkeypatch.setattr(serve, "log", structlog.get_logger("specroute.serve"))
+    yield
+    structlog.configure(**saved)
+
+
+def test_reload_applies_the_log_level(
+    production_logging: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure_logging("info")
+    probe = structlog.get_logger("specroute.probe")
+    probe.info("before_reload")  # cached now, with the processors of "info"
+    app = bare_app(BASE)
+    quiet = dataclasses.replace(BASE, logging=LoggingConfig(level="error"))
+    assert serve.reload(app, lambda: quiet) is True
+    probe.info("info_after_reload")
+    probe.warning("warning_after_reload")
+    probe.error("error_after_reload")
+    err = capsys.readouterr().err
+    assert "before_reload" in err and "config_reloaded" in err
+    assert "info_after_reload" not in err and "warning_after_reload" not in err
+    assert "error_after_reload" in err
+    loud = dataclasses.replace(BASE, logging=LoggingConfig(level="debug"))
+    assert serve.reload(app, lambda: loud) is True
+    probe.debug("debug_after_second_reload")
+    assert "debug_after_second_reload" in capsys.readouterr().err
