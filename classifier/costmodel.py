@@ -30,7 +30,10 @@ hands to learn(). Order of a decision:
    GPU) only while it is idle, since waking the other server under load slows
    every request in flight. Without it a workload whose prior says
    "baseline" would never show its acceptance.
-5. unhealthy fallback, as RulesPolicy.
+5. avoid-queue: requests wait in the chosen server's queue (scraped
+   num_requests_waiting) while the other has room (no queue, no guard): the
+   other answers. No wish to keep a batch together is worth a queue.
+6. unhealthy fallback, as RulesPolicy.
 
 Randomness comes only from the policy's own random.Random(seed), so the same
 seed and the same calls give the same decisions. Not thread-safe: the gateway
@@ -51,6 +54,7 @@ from classifier.latency import LatencyModel, LatencyParameters, LatencyPriors, R
 from classifier.output_length import OutputLengthModel
 from classifier.policy import (
     DEFAULT_GUARDS,
+    BackendState,
     Decision,
     FinishedRequest,
     GuardsConfig,
@@ -75,6 +79,7 @@ COST_MODEL_REASONS = (
     "spec-predicted-faster",
     "baseline-predicted-faster",
     "consolidate",
+    "avoid-queue",
     "explore",
     "unhealthy-fallback",
 )
@@ -182,6 +187,12 @@ class Observation:
     prefill_ahead: int = 0  # BackendState.prefill_tokens of its route at send time
 
 
+def _queued(backend: BackendState) -> bool:
+    """Requests wait in the server's queue (vLLM's num_requests_waiting): a new one
+    would wait behind them, which no wish to keep the batch together outweighs."""
+    return (backend.waiting or 0) > 0
+
+
 def send_batch(state: LiveState, route: Route, n: int = 1) -> int:
     """The batch a request joins: its backend's load (ours or its own, the higher) plus it.
 
@@ -281,9 +292,17 @@ class CostModelPolicy:
             reason = _FASTER[route]
             if self._explore(features, route.other, predicted, state):
                 route, reason = route.other, "explore"
+        if _queued(state.of(route)) and self._has_room(route.other, state):
+            route, reason = route.other, "avoid-queue"
         if not state.of(route).healthy and state.of(route.other).healthy:
             return Decision(route.other, "unhealthy-fallback", predicted)
         return Decision(route, reason, predicted)
+
+    def _has_room(self, route: Route, state: LiveState) -> bool:
+        """No queue there, and (speculative) no guard: a request would start at once."""
+        if _queued(state.of(route)) or not state.of(route).healthy:
+            return False
+        return route is BASE or self._guards.reason(state.speculative) is None
 
     def _consolidate(self, inflight: dict[Route, int]) -> tuple[Route, str]:
         """One GPU with requests in flight: keep the batch on the target server."""

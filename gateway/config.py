@@ -40,6 +40,9 @@ class ServerConfig:
     # On SIGTERM: /ready turns 503 and new requests are refused; in-flight
     # answers get this long to finish before they are cancelled.
     drain_s: float = 30.0
+    # An idle keep-alive connection is closed after this long (aiohttp's own
+    # default is an hour: 1,000 idle clients would hold 1,000 sockets).
+    keepalive_s: float = 75.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +227,7 @@ def _check(cfg: Config) -> None:
         "record.max_bytes": cfg.record.max_bytes,
         "server.body_read_timeout_s": cfg.server.body_read_timeout_s,
         "server.drain_s": cfg.server.drain_s,
+        "server.keepalive_s": cfg.server.keepalive_s,
     }
     for key, value in positive.items():
         if value <= 0:

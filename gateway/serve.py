@@ -34,7 +34,13 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT; `reread` gives the config anew on SIGHUP."""
     app = create_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=1.0,
+        keepalive_timeout=config.server.keepalive_s,
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.port)
     await site.start()

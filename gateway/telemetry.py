@@ -164,6 +164,7 @@ def configure_logging(level: str = "info", *, json: bool = True) -> None:
         structlog.processors.format_exc_info,
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(),
     ]
+    _route_stdlib_logging()
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
@@ -188,3 +189,24 @@ def _drop_below_level(
     if _METHOD_LEVELS.get(method_name, logging.CRITICAL) < _min_level:
         raise structlog.DropEvent
     return event_dict
+
+
+class _OneJsonLine(logging.Handler):
+    """aiohttp and asyncio log through the standard library, malformed HTTP with a
+    12-line traceback holding the client's header bytes: one JSON line instead,
+    with the exception's type and status but neither its text nor its traceback."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        structlog.get_logger(record.name).log(
+            record.levelno,
+            record.getMessage().split("\n", 1)[0],
+            error=type(exc).__name__ if exc else None,
+            http_status=getattr(exc, "code", None),
+        )
+
+
+def _route_stdlib_logging() -> None:
+    root = logging.getLogger()
+    root.handlers = [_OneJsonLine()]
+    root.setLevel(logging.WARNING)

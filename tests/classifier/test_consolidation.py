@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from costmodel_sim import features
 
 from classifier.consolidation import ConsolidationTarget
-from classifier.policy import Route
+from classifier.costmodel import CostModelConfig, CostModelPolicy
+from classifier.features import Workload
+from classifier.policy import BackendState, LiveState, Route
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 BOTH = frozenset((SPEC, BASE))
@@ -145,3 +148,29 @@ def test_odd_measurements_are_ignored() -> None:
 def test_config_is_validated(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="consolidation"):
         ConsolidationTarget(**bad)
+
+
+def test_a_queue_on_the_carrier_sends_the_request_to_the_server_with_room() -> None:
+    """Baseline saturated (32 running, 68 waiting), speculative idle: before the fix the
+    whole batch stayed on the baseline and a request waited 35 s behind its queue."""
+    policy = CostModelPolicy(CostModelConfig(shared_gpu=True))
+    f = features(Workload.CHAT, 200, 128, 0.7)
+    saturated = LiveState(
+        BackendState(inflight=0, running=0, waiting=0),
+        BackendState(inflight=100, running=32, waiting=68),
+    )
+    decision = policy.decide(f, saturated)
+    assert decision.route is Route.SPECULATIVE
+    assert decision.reason in ("avoid-queue", "consolidate")
+    # no room on the speculative server either (its guard): the queue it is
+    busy_spec = LiveState(
+        BackendState(inflight=20, running=20, waiting=0),
+        BackendState(inflight=100, running=32, waiting=68),
+    )
+    assert policy.decide(f, busy_spec).route is Route.BASELINE
+    # a queue on the speculative server too: nowhere better to go
+    both_queued = LiveState(
+        BackendState(inflight=4, running=4, waiting=3),
+        BackendState(inflight=100, running=32, waiting=68),
+    )
+    assert policy.decide(f, both_queued).reason != "avoid-queue"

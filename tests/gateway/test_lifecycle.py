@@ -64,7 +64,7 @@ class Gateway:
         return self._log.decode()
 
 
-GatewayFactory = Callable[[float], Awaitable[Gateway]]
+GatewayFactory = Callable[..., Awaitable[Gateway]]  # (drain_s, server_extra='')
 
 
 @pytest.fixture
@@ -74,10 +74,11 @@ async def start_gateway(
     """Start `specroute serve` on tmp_path/config.toml with a given drain time; stop it after."""
     started: list[Gateway] = []
 
-    async def start(drain_s: float) -> Gateway:
+    async def start(drain_s: float, server_extra: str = "") -> Gateway:
         config = tmp_path / "config.toml"
         write_config(config, spec_server, base_server, unused_tcp_port)
-        config.write_text(config.read_text().replace("drain_s = 5.0", f"drain_s = {drain_s}"))
+        server = f"drain_s = {drain_s}\n{server_extra}"
+        config.write_text(config.read_text().replace("drain_s = 5.0", server))
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

@@ -1,8 +1,11 @@
-"""The end of a drain, and SIGHUP with nothing to re-read (`specroute serve` as a process).
+"""`specroute serve` as a process: the end of a drain, SIGHUP with nothing to re-read,
+idle keep-alive connections, malformed HTTP.
 
-Before the fix, streams cut at the end of `drain_s` ended as a broken chunked
-body (no error event, no [DONE], logged as client_disconnect), and SIGHUP
-killed a gateway started with `--backend` only (exit 129, no drain).
+Before the fixes: streams cut at the end of `drain_s` ended as a broken
+chunked body (no error event, no [DONE], logged as client_disconnect); SIGHUP
+killed a gateway started with `--backend` only (exit 129, no drain); an idle
+keep-alive connection stayed open for an hour; malformed HTTP wrote a 12-line
+non-JSON traceback with the client's header bytes into the log.
 """
 
 from __future__ import annotations
@@ -99,3 +102,38 @@ async def test_sighup_without_a_config_file_keeps_serving(
             proc.kill()
             await proc.wait()
         await gateway.stderr()
+
+
+async def test_idle_keepalive_connections_are_closed(start_gateway: GatewayFactory) -> None:
+    gateway = await start_gateway(5.0, "keepalive_s = 0.5")
+    port = int(gateway.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    async with asyncio.timeout(5.0):  # aiohttp's default would be 3,630 s
+        while await reader.read(65536):
+            pass  # the rest of the answer, then the server's close
+    writer.close()
+
+
+async def test_malformed_http_is_one_json_line_without_the_header_bytes(
+    start_gateway: GatewayFactory,
+) -> None:
+    gateway = await start_gateway(5.0)
+    port = int(gateway.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Secret-Garbage\x01\x02 no colon\r\n\r\n")
+    await writer.drain()
+    assert b" 400 " in await reader.readline()
+    writer.close()
+    await wait_until(lambda: gateway.logged("BadHttpMessage") >= 1, "the error line")
+    gateway.proc.send_signal(signal.SIGTERM)
+    await gateway.proc.wait()
+    log = await gateway.stderr()
+    banner, *lines = log.splitlines()  # the human start line, then JSON only
+    assert banner.startswith("specroute gateway on ")
+    assert all(line.startswith("{") for line in lines), lines
+    (error,) = [json.loads(x) for x in lines if "Error handling request" in x]
+    assert error["error"] == "BadHttpMessage" and error["http_status"] == 400
+    assert "Secret-Garbage" not in log
