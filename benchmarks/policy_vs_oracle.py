@@ -95,7 +95,7 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
             if policy == "cost-model":
                 routing["cost_model"] = {"acceptance": {"code": 0.2}}  # default explore_share
             config = gateway_config(
-                stack.speculative, stack.baseline, stack.emulator, gpus=gpus, routing=routing
+                stack.speculative, stack.baseline, stack.emulator, routing=routing
             )
             runner, url = await serve_app(create_app(config, tokens=tokens))
             runners.append(runner)

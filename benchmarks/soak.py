@@ -5,64 +5,101 @@
 
 Loopback only. Two EMULATED vLLM servers run as subprocesses (so they can be
 killed and restarted); the gateway runs in this process under the production
-runner settings, next to the load generator. Faults, on a schedule:
+runner settings, next to the load generator. Clients send streams and whole
+answers (clients 1 and 5 of every 8 name a route with x-specroute-route; one
+stream in ten is left mid-way), a probe every second measures the queue wait,
+and the events of issue 16's chaos test (tests/gateway/test_chaos.py, whose
+tests/gateway/chaos_support.py this shares) come round in turn, one every 3 s:
 - the speculative backend is killed (SIGKILL) and restarted 2 s later;
 - the baseline backend stalls mid-stream for 0.5 s on a few requests (slow);
-- one client in ten disconnects mid-stream.
-Every request is classified: ok, disconnected on purpose, broken mid-stream by
-a backend kill (bytes were already sent, so no retry is possible), or failed.
-A failure is a request that had a healthy backend available and still did not
-get a complete answer; the run exits non-zero if there is any, if RSS grew
-past the bound, if asyncio tasks did not return to their baseline, or if a
-ResourceWarning was raised.
+- the baseline backend is killed and restarted 2 s later;
+- the baseline answers 500 until the gateway ejects it, then recovers, and the
+  speculative backend is killed (the ejected one is all there is);
+- the baseline's engine is filled with streams nobody reads (a full queue);
+- two senders post 4 MB bodies while /health is timed.
+Every request is classified: ok, left on purpose, broken mid-stream by a
+backend kill (bytes were already sent, so no retry is possible: the client got
+an error event and [DONE]), or failed. A failure counts against the gateway
+when a backend answered /health at that moment (the soak's own poller); the
+run exits non-zero if there is any, if a stream did not end with [DONE], if
+RSS grew past the bound, if asyncio tasks did not return to their baseline,
+or if a ResourceWarning was raised. The worst queue wait (a probe's time to
+first token over its unloaded time) and /health p99 under the flood are
+printed; the chaos test asserts them, with the load around them controlled.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
+import itertools
 import json
-import random
-import signal
-import socket
-import subprocess
 import sys
-import time
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import structlog
-from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from classifier.policy import Route  # noqa: E402
 from gateway.app import create_app  # noqa: E402
-from gateway.config import parse_config  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
-from tooling.local_stack import wait_healthy  # noqa: E402
-from tooling.workloads import build  # noqa: E402
+from tests.gateway.chaos_support import (  # noqa: E402
+    Action,
+    Chaos,
+    EmulatedBackend,
+    Flood,
+    Load,
+    Sent,
+    Timeline,
+    Watch,
+    figure_lines,
+    flood,
+    flood_body,
+    gateway_config,
+    gateway_rotation,
+    run_load,
+    run_probes,
+    run_schedule,
+    summarize,
+    unloaded_ttft,
+)
+from tooling.local_stack import serve_app  # noqa: E402
 
-MODEL = "emulated-model"
-
+TIME_SCALE = 0.1
+EVERY_S = 3.0  # one event every 3 s (a long one delays the next)
+STALLED = 3  # answers per stall
 
 GATEWAY_ERRORS: list[str] = []
 
 
-def _count_errors(logger: object, method: str, event: dict[str, object]) -> dict[str, object]:
+def _count_errors(
+    logger: object, method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
     """Every error the gateway logs is a bug the soak found (the client saw nothing)."""
     if method in ("error", "exception", "critical"):
         GATEWAY_ERRORS.append(str(event.get("event")))
     return event
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _keep_resource_warnings(out: list[str]) -> Callable[..., None]:
+    """A showwarning that keeps each ResourceWarning as text: a recorded WarningMessage
+    holds its `source` (aiohttp's is the whole request body), which would count in RSS."""
+
+    def show(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, *rest: object
+    ) -> None:
+        if issubclass(category, ResourceWarning):
+            out.append(f"ResourceWarning: {filename}:{lineno}: {message}")
+
+    return show
 
 
 def rss_mb() -> float:
@@ -72,206 +109,129 @@ def rss_mb() -> float:
     return float("nan")
 
 
-class Backend:
-    """One emulated vLLM server as a subprocess that can be killed and restarted."""
+def events(chaos: Chaos, floods: list[Flood], bodies: list[bytes]) -> list[Action]:
+    """One round of issue 16's events (the soak repeats it until its time is up)."""
+    spec, base = Route.SPECULATIVE, Route.BASELINE
 
-    def __init__(self, mode: str, time_scale: float) -> None:
-        self.mode, self.port = mode, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "emulate",
-            "--mode",
-            mode,
-            "--port",
-            str(self.port),
-            "--model",
-            MODEL,
-            "--time-scale",
-            str(time_scale),
-        ]
-        if mode == "speculative":
-            self.args += ["--per-request-spec-decode-metrics", "summary"]
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.down_since: float | None = None
+    async def flood_event() -> None:
+        floods.append(await chaos.flood(2.0, bodies))
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            self.args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        self.down_since = None
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-            self.down_since = time.monotonic()
-
-    async def ready(self, session: aiohttp.ClientSession) -> None:
-        await wait_healthy(self.url)
-
-
-@dataclass
-class Tally:
-    ok: int = 0
-    disconnected: int = 0
-    broken_by_kill: int = 0
-    failed: int = 0
-    failures: list[str] = field(default_factory=list)
-    kills: int = 0
-    stalls: int = 0
-
-
-async def one_request(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: dict[str, object],
-    path: str,
-    disconnect: bool,
-    spec: Backend,
-    tally: Tally,
-) -> None:
-    body = {**body, "stream": True}
-    complete = errored = False
-    route = None
-    events = 0
-    try:
-        async with session.post(f"{url}{path}", json=body) as resp:
-            route = resp.headers.get("x-specroute-route")
-            if resp.status != 200:
-                tally.failed += 1
-                tally.failures.append(f"status {resp.status}: {(await resp.read())[:160]!r}")
-                return
-            async for line in resp.content:
-                if line.startswith(b"data: [DONE]"):
-                    complete = True
-                elif line.startswith(b'data: {"error"'):
-                    errored = True
-                elif line.startswith(b"data: {"):
-                    events += 1
-                    if disconnect and events == 3:
-                        tally.disconnected += 1
-                        return  # leaving the block closes the connection mid-stream
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        tally.failed += 1
-        tally.failures.append(f"{type(exc).__name__}: {exc}")
-        return
-    if complete and not errored:
-        tally.ok += 1
-    elif errored and route == "speculative" and spec.down_since is not None:
-        tally.broken_by_kill += 1  # bytes were sent when its backend died: no retry possible
-    else:
-        tally.failed += 1
-        tally.failures.append(f"incomplete stream via {route} after {events} events")
+    return [
+        lambda: chaos.kill_restart(spec, 2.0),
+        lambda: chaos.stall(base, stall_s=0.5, requests=STALLED, hold_s=1.0),
+        lambda: chaos.kill_restart(base, 2.0),
+        lambda: chaos.eject_then_kill(base, down_s=2.0),
+        lambda: chaos.saturate(base, hold_s=2.0),
+        flood_event,
+    ]
 
 
 async def soak(duration: float, concurrency: int, seed: int, rss_bound_mb: float) -> int:
-    rng = random.Random(seed)
-    spec, base = Backend("speculative", 0.1), Backend("baseline", 0.1)
-    spec.start()
-    base.start()
-    config = parse_config(
-        {
-            "backends": {"speculative": {"urls": [spec.url]}, "baseline": {"urls": [base.url]}},
-            "upstream": {
-                "health_interval_s": 0.5,
-                "scrape_interval_s": 1.0,
-                "read_timeout_s": 5.0,
-                "eject_after_failures": 2,
-                "eject_s": 2.0,
-            },
-        }
+    backends = {
+        route: EmulatedBackend(
+            route, time_scale=TIME_SCALE, max_num_seqs=concurrency + 8, seed=seed
+        )
+        for route in Route
+    }
+    for backend in backends.values():
+        backend.start()
+    config = gateway_config(
+        backends,
+        health_interval_s=0.5,
+        scrape_interval_s=1.0,
+        read_timeout_s=5.0,
+        eject_after_failures=2,
+        eject_s=2.0,
     )
-    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    gw_port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", gw_port).start()
-    gateway = f"http://127.0.0.1:{gw_port}"
-    tally = Tally()
-    requests = build(["structured", "sql", "code", "creative", "chat"], 400, model=MODEL, seed=seed)
-    caught: list[warnings.WarningMessage] = []
+    app = create_app(config)
+    runner, gateway = await serve_app(app)
+    sent: list[Sent] = []
+    floods: list[Flood] = []
+    bodies = [flood_body(seed + i) for i in range(2)]
+    watch = Watch(backends.values())
+    resource_warnings: list[str] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings():
             warnings.simplefilter("always", ResourceWarning)
+            warnings.showwarning = _keep_resource_warnings(resource_warnings)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-                await spec.ready(session)
-                await base.ready(session)
-                for r in requests[:10]:  # warm up
-                    await one_request(session, gateway, r.body, r.path, False, spec, Tally())
+                await asyncio.gather(*(b.ready() for b in backends.values()))
+                unloaded_s = await unloaded_ttft(session, gateway)  # and the warm-up
+                await flood(gateway, 0.1, bodies)  # RSS is measured from past its high water
+                watching = asyncio.create_task(watch.run())
                 gc.collect()
                 rss_start, tasks_start = rss_mb(), len(asyncio.all_tasks())
-                deadline = time.monotonic() + duration
-                next_kill = time.monotonic() + 4.0
-                next_stall = time.monotonic() + 2.5
-                sent = 0
-
-                async def worker(worker_id: int) -> None:
-                    nonlocal sent
-                    while time.monotonic() < deadline:
-                        r = requests[sent % len(requests)]
-                        sent += 1
-                        await one_request(
-                            session, gateway, r.body, r.path, rng.random() < 0.1, spec, tally
-                        )
-
-                workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
-                while time.monotonic() < deadline:
-                    now = time.monotonic()
-                    if now >= next_kill:
-                        spec.kill()
-                        tally.kills += 1
-                        await asyncio.sleep(2.0)
-                        spec.start()
-                        await spec.ready(session)
-                        next_kill = time.monotonic() + 6.0
-                    elif now >= next_stall:
-                        fault = {"stall_s": 0.5, "stall_after_chunks": 2, "fault_limit": 3}
-                        async with session.post(f"{base.url}/emulator/faults", json=fault) as resp:
-                            await resp.read()
-                        tally.stalls += 3
-                        next_stall = now + 3.0
-                    await asyncio.sleep(0.1)
-                await asyncio.gather(*workers)
+                timeline = Timeline()
+                chaos = Chaos(backends, timeline, session, gateway_rotation(app), gateway, sent)
+                rounds = itertools.cycle(events(chaos, floods, bodies))
+                steps = [
+                    (at_s, next(rounds))
+                    for at_s in itertools.takewhile(
+                        lambda at: at < duration - 2.0, itertools.count(2.0, EVERY_S)
+                    )
+                ]
+                load = Load(concurrency, leave_share=0.1, timeout_s=60.0, seed=seed)
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(run_load(session, gateway, load, timeline.t0 + duration, sent))
+                    tg.create_task(run_probes(session, gateway, timeline.t0 + duration, 1.0, sent))
+                    tg.create_task(run_schedule(timeline.t0, steps))
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
             await asyncio.sleep(0.5)
             gc.collect()
             rss_end, tasks_end = rss_mb(), len(asyncio.all_tasks())
     finally:
         await runner.cleanup()
-        spec.kill()
-        base.kill()
-    resource_warnings = [w for w in caught if issubclass(w.category, ResourceWarning)]
-    total = tally.ok + tally.disconnected + tally.broken_by_kill + tally.failed
+        for backend in backends.values():
+            backend.kill()
+    figures = summarize(sent, timeline, watch, unloaded_s)
+    worst_flood = max(floods, key=lambda f: f.p99_ms, default=None)
+    v = figures.verdicts
+    failed = len(figures.failed_with_healthy)
+    left = sum(s.kind == "load" and s.ending == "left" for s in sent)
     print(f"soak: {duration:.0f} s, {concurrency} clients, EMULATED backends (loopback)")
     print(
-        f"  requests {total}: ok {tally.ok}, disconnected on purpose {tally.disconnected}, "
-        f"broken mid-stream by a backend kill {tally.broken_by_kill}, FAILED {tally.failed}"
+        f"  requests {figures.requests}: ok {v['ok']}, disconnected on purpose "
+        f"{v['left on purpose']}, broken mid-stream by a backend kill {v['broken by a kill']}, "
+        f"FAILED {failed} (and {len(figures.failed_without_healthy)} with no backend up)"
     )
+    names = [e.name for e in timeline.events]
     print(
-        f"  faults injected: {tally.kills} backend kills+restarts, {tally.stalls} stalled "
-        f"streams, {tally.disconnected} client disconnects"
+        f"  faults injected: {names.count('kill')} backend kills+restarts, "
+        f"{names.count('stall') * STALLED} stalled streams, {left} client disconnects, "
+        f"{names.count('eject')} ejections, {names.count('saturate')} saturated queues, "
+        f"{names.count('flood')} floods of 4 MB bodies"
     )
+    for line in figure_lines(figures, timeline, worst_flood)[1:]:  # its requests are above
+        print(f"  {line}")
     print(
         f"  RSS {rss_start:.1f} MB -> {rss_end:.1f} MB ({rss_end - rss_start:+.1f} MB, bound "
         f"{rss_bound_mb} MB); asyncio tasks {tasks_start} -> {tasks_end}; "
         f"ResourceWarnings {len(resource_warnings)}; gateway errors logged {len(GATEWAY_ERRORS)}"
     )
-    for failure in tally.failures[:10]:
-        print(f"  failure: {failure}")
+    for line in sorted(set(resource_warnings)):
+        print(f"  {resource_warnings.count(line)}x {line}")
     bad = (
-        tally.failed > 0
+        failed > 0
+        or bool(figures.bad_streams)
         or rss_end - rss_start > rss_bound_mb
         or tasks_end > tasks_start
         or bool(resource_warnings)
         or bool(GATEWAY_ERRORS)
     )
+    worst = round(figures.worst_wait.ratio, 2) if figures.worst_wait else None
     print(
         json.dumps(
             {
                 "ok": not bad,
-                "requests": total,
-                "failed": tally.failed,
+                "requests": figures.requests,
+                "failed": failed,
+                "failed_with_no_backend_up": len(figures.failed_without_healthy),
+                "bad_streams": len(figures.bad_streams),
+                "events": len(timeline.events),
+                "worst_wait_ratio": worst,
+                "health_p99_ms_under_flood": round(worst_flood.p99_ms, 1) if worst_flood else None,
                 "gateway_errors": len(GATEWAY_ERRORS),
                 "rss_start_mb": round(rss_start, 1),
                 "rss_end_mb": round(rss_end, 1),

@@ -30,7 +30,13 @@ from classifier.acceptance_model import AcceptanceModel
 from classifier.features import RequestFeatures, Workload
 from classifier.speculation import alpha_from_rate
 
-__all__ = ["AcceptanceEstimator", "AcceptancePriors", "prompt_bucket", "temperature_bucket"]
+__all__ = [
+    "NEUTRAL_ACCEPTANCE",
+    "AcceptanceEstimator",
+    "AcceptancePriors",
+    "prompt_bucket",
+    "temperature_bucket",
+]
 
 
 # Written as comparisons, not loops over a bounds tuple: this is on the
@@ -49,15 +55,28 @@ def prompt_bucket(prompt_tokens: int) -> int:
     return 2 if prompt_tokens < 4096 else 3
 
 
+# The default priors are deliberately NEUTRAL: one value for every workload,
+# not a measurement and not taken from a paper. Acceptance depends on the draft
+# model, the target, the task and the sampling settings, so no published figure
+# describes a given deployment; the router says it does not know which workload
+# drafts well until it has measured. 0.6 rather than 0.5: at the shipped k = 4
+# and c = 0.1 it predicts speculation faster on an idle GPU for every workload,
+# so each workload's acceptance is measured from its first requests on instead
+# of waiting for exploration. The emulator's truth (tooling/emulator/CALIBRATION.md,
+# 0.80 / 0.75 / 0.50 / 0.25) is a separate source and differs from it on purpose:
+# 0.2 below structured output's, 0.35 above creative text's.
+NEUTRAL_ACCEPTANCE = 0.6
+
+
 @dataclass(frozen=True, slots=True)
 class AcceptancePriors:
-    """Per-position acceptance a to start from, per workload (config)."""
+    """Per-position acceptance a to start from, per workload (config); neutral by default."""
 
-    structured: float = 0.8
-    code: float = 0.75
-    chat: float = 0.5
-    creative: float = 0.25
-    long_context: float = 0.5
+    structured: float = NEUTRAL_ACCEPTANCE
+    code: float = NEUTRAL_ACCEPTANCE
+    chat: float = NEUTRAL_ACCEPTANCE
+    creative: float = NEUTRAL_ACCEPTANCE
+    long_context: float = NEUTRAL_ACCEPTANCE
     prior_weight: float = 5.0  # pseudo-observations behind each prior and each back-off
     memory: float = 1000.0  # observations per key before old ones have faded to 1/e
 

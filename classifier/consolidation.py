@@ -22,8 +22,10 @@ was still the target count: the others ran beside a split and measure that,
 not the route. Measurements decay, so the first completions after a switch,
 which are the short requests, weigh little by the time a trial is judged.
 
-A route not measured at this load for retry_after decisions gets a trial: the
-target switches to it for trial_length decisions, after which the smaller
+Until the target has been measured at this load, the cost model's prediction
+for the whole batch picks the carrier (`lean`). Then a route not measured at
+this load for retry_after decisions gets a trial: the target switches to it
+for trial_length decisions, after which the smaller
 measured latency per unit of work wins, by a margin against flapping and no
 sooner than `dwell` decisions after the last switch made on measurements. The
 target changes only while the other server is idle (switching while both hold
@@ -69,6 +71,7 @@ class ConsolidationTarget:
         "_draining",
         "_dwell",
         "_hold_until",
+        "_ignored",
         "_load",
         "_margin",
         "_measured",
@@ -106,6 +109,7 @@ class ConsolidationTarget:
         self._measured: dict[tuple[Route, int], _Measured] = {}
         self._target = initial
         self._load = 0.0  # 0: no decision under load yet
+        self._ignored = 0  # completions still to leave out (they ran beside a probe)
         self.trials = 0
 
     @property
@@ -124,22 +128,37 @@ class ConsolidationTarget:
         """
         if not (latency_s > 0 and size_s > 0 and math.isfinite(latency_s + size_s)):
             return
+        if self._ignored > 0:
+            self._ignored -= 1
+            return
         m = self._measured.setdefault((route, _octave(batch)), _Measured())
         m.latency_s = _DECAY * m.latency_s + latency_s
         m.size_s = _DECAY * m.size_s + size_s
         m.count = _DECAY * m.count + 1.0
         m.last = self._decisions
 
+    def ignore_next(self, completions: int) -> None:
+        """Leave out the next completions: they ran beside a request sent to the other
+        server (a topology probe) and measure that, not their route."""
+        self._ignored = max(self._ignored, completions)
+
     def per_unit(self, route: Route, batch: int) -> float | None:
         """Measured latency per unit of work on `route` at this load (None: never measured)."""
         m = self._measured.get((route, _octave(batch)))
         return m.per_unit() if m else None
 
-    def update(self, inflight: Mapping[Route, int], allowed: frozenset[Route]) -> Route:
+    def update(
+        self,
+        inflight: Mapping[Route, int],
+        allowed: frozenset[Route],
+        lean: Route | None = None,
+    ) -> Route:
         """Re-choose the target for a request arriving now; call once per decision under load.
 
         inflight: requests on each route now (not counting this one).
         allowed: the routes that may carry the batch now (a guard can rule one out).
+        lean: the server the cost model predicts faster for the batch; followed
+        where neither server has been measured enough at this load yet.
         """
         self._decisions += 1
         # The bucket the decision is made in follows the smoothed load: a batch
@@ -168,6 +187,12 @@ class ConsolidationTarget:
             return self._target
         theirs = self._measured.get((other, _octave(batch)))
         if theirs is None or self._decisions - theirs.last > self._retry_after:
+            mine = self._measured.get((target, _octave(batch)))
+            if mine is None or mine.count < _MIN_SAMPLES:
+                # Nothing measured to compare a trial with: the prediction decides.
+                if lean is other:
+                    self._switch(0)
+                return self._target
             self._switch(self._trial_length)
             self.trials += 1
             return self._target

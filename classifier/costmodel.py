@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from classifier.acceptance import AcceptanceEstimator, AcceptancePriors
 from classifier.acceptance_model import AcceptanceModel
@@ -62,6 +63,7 @@ from classifier.policy import (
     Route,
 )
 from classifier.speculation import expected_tokens_per_step
+from classifier.topology import TopologyDetector
 
 __all__ = [
     "COST_MODEL_REASONS",
@@ -79,6 +81,7 @@ COST_MODEL_REASONS = (
     "spec-predicted-faster",
     "baseline-predicted-faster",
     "consolidate",
+    "topology-probe",
     "avoid-queue",
     "explore",
     "unhealthy-fallback",
@@ -98,6 +101,7 @@ _EXPLORE_BURST = 5
 _EXPLORE_FULL = 20.0
 _EXPLORE_MAX_SHARE = 0.5
 _ERROR_DECAY = 0.98  # prediction error EWMA: about the last 50 requests
+_LEAN_SMOOTHING = 0.1  # the batch's lean: about the last 10 decisions under load
 
 
 @dataclass(slots=True)
@@ -138,8 +142,9 @@ class CostModelConfig:
     explore_max_slowdown: float = 2.0  # never explore a route predicted slower than this x
     seed: int = 0
     # Both servers on one GPU (the usual deployment): while the other server is
-    # busy, each step of one also waits for a step of the other.
-    shared_gpu: bool = True
+    # busy, each step of one also waits for a step of the other. "auto": measure
+    # it (classifier/topology.py), assuming one GPU until measured.
+    shared_gpu: bool | Literal["auto"] = "auto"
     # Route on the total latency a choice causes (this request's plus what it
     # adds to the requests in flight), not on this request's alone.
     account_for_others: bool = True
@@ -152,6 +157,8 @@ class CostModelConfig:
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1 or not self.draft_cost_ratio >= 0:
             raise ValueError("cost model: need num_speculative_tokens >= 1, draft_cost_ratio >= 0")
+        if self.shared_gpu not in (True, False, "auto"):
+            raise ValueError('cost model: shared_gpu must be true, false or "auto"')
         if not 0.0 <= self.consolidate_margin < 1.0:
             raise ValueError("cost model: need 0 <= consolidate_margin < 1")
         if not 0.0 <= self.explore_share <= 0.5 or not self.explore_max_slowdown >= 1.0:
@@ -207,6 +214,7 @@ class CostModelPolicy:
 
     __slots__ = (
         "_acceptance",
+        "_batch_lean",
         "_config",
         "_consolidation",
         "_decisions",
@@ -217,6 +225,7 @@ class CostModelPolicy:
         "_latency",
         "_outputs",
         "_rng",
+        "_topology",
         "_tps_k",
         "_unit",
     )
@@ -238,6 +247,8 @@ class CostModelPolicy:
         # apart (one route's before the other's) stay comparable.
         self._unit = LatencyModel(config.latency, k, config.draft_cost_ratio)
         self._acceptance = AcceptanceEstimator(config.acceptance, k, model)
+        self._topology = TopologyDetector(config.shared_gpu)
+        self._batch_lean = 0.0  # EWMA of log(spec / base) predicted for the batch under load
         self._outputs = OutputLengthModel()
         self._consolidation = ConsolidationTarget(config.consolidate_margin)
         self._rng = random.Random(config.seed)
@@ -258,7 +269,7 @@ class CostModelPolicy:
         """What each route's prediction and cost need, computed once per decision."""
         out = self._outputs.predict(f)
         tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
-        shared = self._config.shared_gpu
+        shared = self._shared
         return {
             route: RouteLoad(
                 prompt_tokens=f.prompt_tokens,
@@ -275,43 +286,90 @@ class CostModelPolicy:
     def _predict(self, loads: dict[Route, RouteLoad]) -> dict[Route, float]:
         return {route: self._latency.predict(route, load) for route, load in loads.items()}
 
+    @property
+    def _shared(self) -> bool:
+        """One GPU, as set or measured; assumed until measured (the deployment in deploy/)."""
+        shared = self._topology.shared
+        return True if shared is None else shared
+
+    def shared_gpu(self) -> bool | None:
+        """One GPU (True) or a GPU each (False), as set or measured; None while measuring."""
+        return self._topology.shared
+
+    def topology(self) -> tuple[bool | None, float | None, int]:
+        """(shared: None while measuring; the evidence, 0 alone .. 1 shared; probes sent)."""
+        return self._topology.shared, self._topology.evidence(), self._topology.probes
+
     def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
-        cfg = self._config
         self._decisions += 1
         loads = self._loads(features, state)
         predicted = self._predict(loads)
         inflight = {SPEC: state.speculative.inflight, BASE: state.baseline.inflight}
-        gpu_busy = cfg.shared_gpu and (inflight[SPEC] > 0 or inflight[BASE] > 0)
+        gpu_busy = self._shared and (inflight[SPEC] > 0 or inflight[BASE] > 0)
         if (guard := self._guards.reason(state.speculative)) is not None:
             route, reason = BASE, guard
         elif gpu_busy:
-            route, reason = self._consolidate(inflight)
+            route, reason = self._consolidate(inflight, self._lean(features, state))
+            # A probe tells only beside a batch of 2 or more (the two hypotheses differ).
+            testable = inflight[route] >= 2 and self._has_room(route.other, state)
+            if testable and self._topology.probe_now():
+                route, reason = route.other, "topology-probe"
+                # What finishes while it runs was slowed by it: not the carrier's figure.
+                self._consolidation.ignore_next(2 * (inflight[SPEC] + inflight[BASE]))
         else:
             cost = self._cost(predicted, loads)
             route = SPEC if cost[SPEC] < cost[BASE] else BASE
             reason = _FASTER[route]
             if self._explore(features, route.other, predicted, state):
                 route, reason = route.other, "explore"
-        if _queued(state.of(route)) and self._has_room(route.other, state):
+        if _queued(state.of(route)) and self._has_room(route.other, state, busy_ok=True):
             route, reason = route.other, "avoid-queue"
         if not state.of(route).healthy and state.of(route.other).healthy:
             return Decision(route.other, "unhealthy-fallback", predicted)
         return Decision(route, reason, predicted)
 
-    def _has_room(self, route: Route, state: LiveState) -> bool:
-        """No queue there, and (speculative) no guard: a request would start at once."""
+    def _has_room(self, route: Route, state: LiveState, *, busy_ok: bool = False) -> bool:
+        """No queue there, and (speculative) no guard: a request would start at once.
+
+        busy_ok: a big speculative batch still has room, only less gain from
+        speculation; against a queue elsewhere that is the better deal (the KV
+        guard still holds: a full cache would preempt)."""
         if _queued(state.of(route)) or not state.of(route).healthy:
             return False
-        return route is BASE or self._guards.reason(state.speculative) is None
+        guard = self._guards.reason(state.speculative)
+        return route is BASE or guard is None or (busy_ok and guard == "spec-busy")
 
-    def _consolidate(self, inflight: dict[Route, int]) -> tuple[Route, str]:
+    def _consolidate(self, inflight: dict[Route, int], lean: Route) -> tuple[Route, str]:
         """One GPU with requests in flight: keep the batch on the target server."""
         # The carrier must be able to take the load the GPU has been under, not
         # just the few requests of a ramp after a lull (it would take them, then
         # hand them back at the guard's limit, a split either way).
         total = max(inflight[SPEC] + inflight[BASE] + 1, self._consolidation.load)
         allowed = frozenset((SPEC, BASE) if total <= self._guards.spec_max_inflight else (BASE,))
-        return self._consolidation.update(inflight, allowed), "consolidate"
+        return self._consolidation.update(inflight, allowed, lean), "consolidate"
+
+    def _lean(self, f: RequestFeatures, state: LiveState) -> Route:
+        """Which server the cost model predicts faster for the whole batch in flight.
+
+        Each request under load is predicted on both servers as if the whole
+        batch (everything in flight, and it) ran there; the running mean of the
+        log ratio is the traffic's lean. Consolidation follows it wherever it
+        has no measurements yet, instead of a fixed first carrier.
+        """
+        total = state.speculative.load + state.baseline.load + max(f.n, 1)
+        out = self._outputs.predict(f)
+        tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
+        whole = {
+            route: self._latency.predict(
+                route,
+                RouteLoad(f.prompt_tokens, out, total, 0, tps if route is SPEC else 1.0),
+            )
+            for route in (SPEC, BASE)
+        }
+        if whole[SPEC] > 0 and whole[BASE] > 0:
+            ratio = math.log(whole[SPEC] / whole[BASE])
+            self._batch_lean += _LEAN_SMOOTHING * (ratio - self._batch_lean)
+        return SPEC if self._batch_lean < 0 else BASE
 
     def _cost(
         self, predicted: dict[Route, float], loads: dict[Route, RouteLoad]
@@ -395,19 +453,19 @@ class CostModelPolicy:
             batch=max(obs.batch, 1),
             waiting=obs.waiting or 0,
             tokens_per_step=tps,
-            other_batch=obs.other_batch if self._config.shared_gpu else 0,
+            other_batch=obs.other_batch if self._shared else 0,
             prefill_ahead=obs.prefill_ahead,
         )
+        if self._topology.measuring and obs.batch <= 2 and obs.other_batch >= 2:
+            alone = self._latency.predict(obs.route, replace(load, other_batch=0))
+            shared = self._latency.predict(obs.route, replace(load, other_batch=obs.other_batch))
+            self._topology.observe(obs.duration_s, alone, shared)
         if obs.predicted_s is not None and math.isfinite(obs.predicted_s):
             explained = self._latency.predict(obs.route, load)
             self._record_error(obs.route, obs.predicted_s, explained, obs.duration_s)
         self._latency.observe(obs.route, load, duration_s=obs.duration_s, ttft_s=obs.ttft_s)
         self._outputs.observe(f, obs.completion_tokens)
-        if (
-            self._config.shared_gpu
-            and obs.other_batch == 0
-            and obs.route is self._consolidation.route
-        ):
+        if self._shared and obs.other_batch == 0 and obs.route is self._consolidation.route:
             size = self._unit.predict(BASE, RouteLoad(f.prompt_tokens, per_seq, 1.0))
             self._consolidation.observed(obs.route, obs.batch, obs.duration_s, size)
 

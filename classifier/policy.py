@@ -105,6 +105,10 @@ class Policy(Protocol):
         """Per-position draft acceptance per workload as believed now (empty: no estimate)."""
         ...
 
+    def shared_gpu(self) -> bool | None:
+        """Whether the policy routes as if both servers share one GPU (None: no such notion)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class GuardsConfig:
@@ -195,6 +199,9 @@ class RulesPolicy:
     def estimated_acceptance(self) -> Mapping[Workload, float]:
         return {}
 
+    def shared_gpu(self) -> bool | None:
+        return None
+
     def _rules(self, f: RequestFeatures, spec: BackendState) -> tuple[Route, str]:
         cfg = self._config
         if (guard := self._guards.reason(spec)) is not None:
@@ -227,3 +234,6 @@ class StaticPolicy:
 
     def estimated_acceptance(self) -> Mapping[Workload, float]:
         return {}
+
+    def shared_gpu(self) -> bool | None:
+        return None

@@ -16,17 +16,20 @@ import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from gateway import handlers
+from gateway import decision, figures, handlers, ui
 from gateway.auth import Keys, auth_middleware
 from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.errors import error_middleware
+from gateway.limits import ByteRate
 from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder
 from gateway.relays import Relays
 from gateway.runtime import Runtime
 from gateway.state import (
     BACKENDS,
+    BIG_BODIES,
+    BIG_BODY_RATE,
     CONFIG,
     METRICS,
     OUTCOME_LOG,
@@ -57,6 +60,8 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     )
     app[RUNTIME] = runtime
     app[RELAYS] = Relays()
+    app[BIG_BODIES] = asyncio.Semaphore(1)
+    app[BIG_BODY_RATE] = ByteRate(config.server.big_body_mb_s * 1e6)
     app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background_tasks)
@@ -69,6 +74,12 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app.router.add_get("/ready", handlers.ready)
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_get("/openapi.json", handlers.openapi)
+    # The side-by-side page and what it reads: a dry-run decision, the live figures.
+    app.router.add_get(ui.PATH, ui.page)
+    app.router.add_get(ui.PATH + "/{name}", ui.page)
+    app.router.add_post("/decide/v1/chat/completions", decision.chat_completions)
+    app.router.add_post("/decide/v1/completions", decision.completions)
+    app.router.add_get("/stats", figures.stats)
     return app
 
 

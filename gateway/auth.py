@@ -19,6 +19,9 @@ from gateway.config import AuthConfig, ConfigError
 from gateway.errors import error_response
 
 _OPEN_PATHS = ("/health", "/ready")
+# The side-by-side page's static files (gateway/ui): no data in them, and a browser
+# sends no key on a page load. The page asks for the key and sends it on every call.
+_OPEN_PREFIX = "/ui"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,7 @@ def auth_middleware(
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         keys = current_keys(request)
-        if request.path in _OPEN_PATHS:
+        if request.path in _OPEN_PATHS or _is_page(request.path):
             return await handler(request)
         if request.path == "/metrics":
             if keys.metrics_token is not None and not matches(
@@ -82,6 +85,10 @@ def auth_middleware(
         return await handler(request)
 
     return middleware
+
+
+def _is_page(path: str) -> bool:
+    return path == _OPEN_PREFIX or path.startswith(_OPEN_PREFIX + "/")
 
 
 def _unauthorized(message: str) -> web.Response:

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 import aiohttp
 import structlog
 
+from classifier.attribution import DecodeLog
+from classifier.features import RequestFeatures
 from classifier.policy import BackendState, LiveState, Route
+from gateway.acceptance_sources import AcceptanceSources
 from gateway.config import BackendConfig, BackendsConfig
 from gateway.scraper import (
     Acceptance,
@@ -30,6 +33,7 @@ from gateway.scraper import (
 from gateway.telemetry import Metrics
 
 log = structlog.get_logger("specroute.backends")
+_MIN_CAPACITY = 8  # smaller "capacities" are requests caught between two engine steps
 
 
 @dataclass(slots=True)
@@ -48,6 +52,12 @@ class Upstream:
     acceptance: Acceptance | None = None  # over the last scrape window with drafts
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic time; passive ejection keeps it out till then
+    # The most it was seen running while requests waited (vLLM's max_num_seqs or
+    # its KV limit): past it, the gateway's own count says a new request would
+    # queue, without waiting up to a scrape interval for num_requests_waiting.
+    capacity: int | None = None
+    # When the requests sent here were decoding, for the counter attribution.
+    decode_log: DecodeLog = field(default_factory=DecodeLog)
 
 
 @dataclass(slots=True)
@@ -84,6 +94,13 @@ class Backend:
     def reachable(self) -> bool:
         return any(u.reachable for u in self.upstreams)
 
+    @property
+    def proven(self) -> bool:
+        """Healthy, and the endpoint a request would get has not failed since its last
+        success: safe to fail over to without a retry budget."""
+        upstream = self.pick()
+        return upstream.healthy and upstream.consecutive_failures == 0
+
     def pick(self) -> Upstream:
         """The least busy healthy endpoint, else a reachable one, else any."""
         candidates = (
@@ -99,12 +116,13 @@ class Backend:
         running = [s.running for s in scrapes if s.running is not None]
         waiting = [s.waiting for s in scrapes if s.waiting is not None]
         kv = [s.kv_usage for s in scrapes if s.kv_usage is not None]
+        over = sum(max(0, u.inflight - u.capacity) for u in self.upstreams if u.capacity)
         return BackendState(
             inflight=self.inflight,
             prefill_tokens=self.prefill_tokens(),
             healthy=self.healthy,
             running=int(sum(running)) if running else None,
-            waiting=int(sum(waiting)) if waiting else None,
+            waiting=max(int(sum(waiting)), over) if waiting else (over or None),
             kv_cache_usage=max(kv) if kv else None,
         )
 
@@ -128,6 +146,11 @@ class BackendPool:
         self._idle = asyncio.Event()  # nothing in flight anywhere: what a drain waits for
         self._idle.set()
         self._backends = {route: Backend.from_config(route, config.of(route)) for route in Route}
+        self.sources = AcceptanceSources(
+            metrics,
+            max_window_s=scrape_max_age_s,
+            num_speculative_tokens=config.speculative.num_speculative_tokens,
+        )
         for route, backend in self._backends.items():
             metrics.prefill_pending.labels(route.value).set_function(backend.prefill_tokens)
             metrics.inflight.labels(route.value).set(0)
@@ -148,27 +171,48 @@ class BackendPool:
 
     @contextlib.contextmanager
     def track(
-        self, backend: Backend, upstream: Upstream, prefill_tokens: int = 0
+        self,
+        backend: Backend,
+        upstream: Upstream,
+        prefill_tokens: int = 0,
+        features: RequestFeatures | None = None,
     ) -> Iterator[Callable[[], None]]:
         """Count a request as in flight for exactly as long as the block runs, and its
         prompt as pending prefill until the callable it yields is called (its first
-        token) or the block ends, whichever is first."""
+        token) or the block ends, whichever is first.
+
+        With its features, its decoding time is also noted for the counter
+        attribution: from the first token (a stream), or from now (a whole
+        answer, whose first token the gateway never sees).
+        """
         upstream.inflight += 1
         self._idle.clear()
         upstream.prefill_tokens += prefill_tokens
         gauge = self._metrics.inflight.labels(backend.route.value)
         gauge.inc()
         pending = prefill_tokens
+        decode = upstream.decode_log
+        handle = None
+        if features is not None:
+            since = None if features.stream else time.monotonic()
+            handle = decode.begin(features.workload.value, features.n, since)
 
-        def prefilled() -> None:
+        def release() -> None:
             nonlocal pending
             upstream.prefill_tokens -= pending
             pending = 0
 
+        def first_token() -> None:
+            release()
+            if handle is not None:
+                decode.decoding(handle, time.monotonic())
+
         try:
-            yield prefilled
+            yield first_token
         finally:
-            prefilled()
+            release()
+            if handle is not None:
+                decode.end(handle, time.monotonic())
             upstream.inflight -= 1
             gauge.dec()
             if self.inflight == 0:
@@ -207,10 +251,13 @@ class BackendPool:
     def report_success(self, upstream: Upstream) -> None:
         upstream.consecutive_failures = 0
 
-    def report_refused(self, backend: Backend, upstream: Upstream) -> None:
+    def report_refused(self, backend: Backend, upstream: Upstream, kind: str) -> None:
         """A refused connection: the process is down, so it leaves rotation now, not at
-        the next probe; and if nothing healthy is left, ejected endpoints that still
-        answer /health come back at once (an ejection is a guess, a refusal a fact)."""
+        the next probe, and comes back with the first /health 200 (no ejection time:
+        it is down, not misbehaving). If nothing healthy is left, ejected endpoints
+        that still answer /health come back at once (an ejection is a guess, a
+        refusal a fact)."""
+        self._metrics.upstream_errors.labels(backend.route.value, kind).inc()
         upstream.healthy = upstream.reachable = False
         if self._healthy_count() == 0:
             for other in self:
@@ -273,7 +320,13 @@ class BackendPool:
                 window = acceptance_between(upstream.scrape, scrape)
                 if window is not None:
                     upstream.acceptance = window
+            self.sources.window(
+                backend.route.value, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
+            )
             upstream.scrape = scrape
+            # A queue beside a big batch, not a request caught between two steps.
+            if (scrape.waiting or 0) >= 2 and (scrape.running or 0) >= _MIN_CAPACITY:
+                upstream.capacity = max(upstream.capacity or 0, int(scrape.running or 0))
         for backend in self:
             self._export(backend)
 
@@ -298,6 +351,7 @@ class BackendPool:
     async def run_scraper(
         self, session: aiohttp.ClientSession, interval_s: float, timeout_s: float
     ) -> None:
+        self.sources.announce()
         while True:
             started = time.monotonic()
             await self.scrape_all(session, timeout_s)

@@ -43,6 +43,9 @@ class ServerConfig:
     # An idle keep-alive connection is closed after this long (aiohttp's own
     # default is an hour: 1,000 idle clients would hold 1,000 sockets).
     keepalive_s: float = 75.0
+    # Request bodies of 256 KiB or more may arrive at this rate in all (MB/s); past
+    # it they wait before being read (a flood of 4 MB bodies cannot take the CPU).
+    big_body_mb_s: float = 32.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,14 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class UiConfig:
+    # GET /ui, the side-by-side page (static files shipped in the package). Off:
+    # /ui answers 404. The dry-run decision (/decide/...) and the live figures
+    # (/stats) are API endpoints: they stay, behind [auth] like the rest.
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class LoggingConfig:
     level: str = "info"
 
@@ -161,6 +172,7 @@ class Config:
     outcome_log: OutcomeLogConfig = field(default_factory=OutcomeLogConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    ui: UiConfig = field(default_factory=UiConfig)
 
 
 _POLICIES = ("cost-model", "rules", "static-speculative", "static-baseline")
@@ -228,6 +240,7 @@ def _check(cfg: Config) -> None:
         "server.body_read_timeout_s": cfg.server.body_read_timeout_s,
         "server.drain_s": cfg.server.drain_s,
         "server.keepalive_s": cfg.server.keepalive_s,
+        "server.big_body_mb_s": cfg.server.big_body_mb_s,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -296,9 +309,26 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return _build(typing.cast(type[Any], hint), value, key)
     origin = typing.get_origin(hint)
-    if origin is types.UnionType:  # `X | None`: TOML has no null, a present key is an X
-        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(inner, value, key)
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(f"config: {key} must be one of {typing.get_args(hint)}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        # `X | None`: TOML has no null, a present key is an X. `bool | Literal["auto"]`:
+        # the first member that takes the value.
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        for member in members[:-1]:
+            try:
+                return _convert(member, value, key)
+            except ConfigError:
+                continue
+        try:
+            return _convert(members[-1], value, key)
+        except ConfigError:
+            if len(members) == 1:
+                raise
+            allowed = " or ".join(_describe(m) for m in members)
+            raise ConfigError(f"config: {key} must be {allowed}, got {value!r}") from None
     if origin is tuple:
         (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
         if isinstance(value, str):
@@ -332,6 +362,12 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"config: {key} must be a string, got {value!r}")
         return value
     raise ConfigError(f"config: {key}: unsupported type {hint!r}")
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return " or ".join(f'"{v}"' for v in typing.get_args(hint))
+    return "true or false" if hint is bool else getattr(hint, "__name__", str(hint))
 
 
 def _join(path: str, key: str) -> str:

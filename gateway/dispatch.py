@@ -25,6 +25,7 @@ ROUTE_HEADER = "x-specroute-route"
 REASON_HEADER = "x-specroute-reason"
 FAILOVER_HEADER = "x-specroute-failover"
 PREDICTED_HEADER = "x-specroute-predicted"
+_ATTEMPTS = 3
 _RELAY_FAILURES = ("upstream_broken", "upstream_stall", "http_5xx")
 
 
@@ -51,24 +52,34 @@ class _FailOver:
     """
 
     budgeted: bool
+    dead: bool = False  # the backend was down (refused, dropped): it may be back soon
 
 
 async def dispatch(
     request: web.Request, routed: Routed, life: RequestLife, config: Config
 ) -> web.StreamResponse:
+    """Up to three attempts, A then B then A again: a backend that died under one
+    request may be back (restarted) by the time its stand-in dies too."""
     pool = request.app[BACKENDS]
     route = _admit(pool, config, routed.route, life)
-    answer = await _attempt(request, routed, life, config, route, may_retry=True)
-    if isinstance(answer, web.StreamResponse):
-        return answer
-    life.failed_over(route)
+    budget_slots = 0
+    attempts = 2  # a third only when the first backend was down, not sick
     try:
-        retried = await _attempt(request, routed, life, config, route.other, may_retry=False)
+        for attempt in range(_ATTEMPTS):
+            answer = await _attempt(
+                request, routed, life, config, route, may_retry=attempt < attempts - 1
+            )
+            if isinstance(answer, web.StreamResponse):
+                return answer
+            if attempt == 0 and answer.dead:
+                attempts = _ATTEMPTS
+            budget_slots += answer.budgeted
+            life.failed_over(route)
+            route = route.other
     finally:
-        if answer.budgeted:
+        for _ in range(budget_slots):
             pool.release_retry()
-    assert isinstance(retried, web.StreamResponse)
-    return retried
+    raise AssertionError("the last attempt always answers")  # pragma: no cover
 
 
 async def _attempt(
@@ -94,7 +105,8 @@ async def _attempt(
         headers[FAILOVER_HEADER] = life.failover_from.value
     if routed.predicted is not None:
         headers[PREDICTED_HEADER] = routed.predicted
-    with pool.track(backend, upstream, routed.prefill_tokens) as prefilled, app[RELAYS].running():
+    tracked = pool.track(backend, upstream, routed.prefill_tokens, life.features)
+    with tracked as prefilled, app[RELAYS].running():
         meter.on_first_token = prefilled
         life.sent_to(route, backend.inflight)
         try:
@@ -107,18 +119,22 @@ async def _attempt(
                 read_timeout_s=config.upstream.read_timeout_s,
             )
         except UpstreamFailure as failure:
-            pool.report_failure(backend, upstream, failure.kind)
             if failure.refused:
-                pool.report_refused(backend, upstream)
-                if may_retry and _can_take(pool, config, route.other, ejected_too=True):
-                    return _FailOver(budgeted=False)
-            elif failure.retryable and may_retry and _retry_allowed(pool, config, route):
-                return _FailOver(budgeted=True)
+                pool.report_refused(backend, upstream, failure.kind)
+            else:
+                pool.report_failure(backend, upstream, failure.kind)
+            if failure.dead and may_retry and config.upstream.failover:
+                # Down (refused, or the connection dropped before an answer): the
+                # other backend is tried whatever its state, the attempt is the probe.
+                if pool.of(route.other).has_room:
+                    return _FailOver(budgeted=False, dead=True)
+            elif failure.retryable and may_retry and (move := _retry(pool, config, route)):
+                return move
             return failure_response(meter, failure, headers)
-        if response.status >= 500 and may_retry and _retry_allowed(pool, config, route):
+        if response.status >= 500 and may_retry and (move := _retry(pool, config, route)):
             response.close()
             pool.report_failure(backend, upstream, "http_5xx")
-            return _FailOver(budgeted=True)
+            return move
         answer = await relay(
             request,
             response,
@@ -142,12 +158,21 @@ def _can_take(pool: BackendPool, config: Config, route: Route, *, ejected_too: b
     return config.upstream.failover and usable and backend.has_room
 
 
-def _retry_allowed(pool: BackendPool, config: Config, route: Route) -> bool:
-    """Retry a sick backend's failure on the other one, within the retry budget."""
+def _retry(pool: BackendPool, config: Config, route: Route) -> _FailOver | None:
+    """Retry a sick backend's failure (5xx, connect timeout) on the other one.
+
+    A healthy other backend with no failures of its own takes it freely: that is
+    failover, not a storm. The retry budget bounds retries onto a backend that is
+    itself failing, so that a sick pair is not sent twice the load.
+    """
     if not _can_take(pool, config, route.other, ejected_too=False):
-        return False
+        return None
+    if pool.of(route.other).proven:
+        return _FailOver(budgeted=False)
     upstream = config.upstream
-    return pool.try_acquire_retry(upstream.retry_budget_ratio, upstream.retry_budget_min)
+    if pool.try_acquire_retry(upstream.retry_budget_ratio, upstream.retry_budget_min):
+        return _FailOver(budgeted=True)
+    return None
 
 
 def _admit(pool: BackendPool, config: Config, route: Route, life: RequestLife) -> Route:

@@ -12,8 +12,9 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from classifier.features import Endpoint, extract_features
+from classifier.features import Endpoint, FeatureOptions, RequestFeatures, extract_features
 from classifier.policy import Decision, Route
+from classifier.tokens import TokenCounter
 from gateway.config import Config
 from gateway.dispatch import ROUTE_HEADER, Routed, dispatch
 from gateway.errors import LOGGED, APIError, error_response
@@ -21,9 +22,20 @@ from gateway.learning import learn, predicted_header
 from gateway.outcome import count_request, log_request
 from gateway.outcome_log import outcome_line
 from gateway.record import CLIENT_DISCONNECT, RequestLife, request_id_of
-from gateway.state import BACKENDS, METRICS, OUTCOME_LOG, RECORDER, RUNTIME, SESSION, TOKENS
+from gateway.state import (
+    BACKENDS,
+    BIG_BODIES,
+    BIG_BODY_RATE,
+    METRICS,
+    OUTCOME_LOG,
+    RECORDER,
+    RUNTIME,
+    SESSION,
+    TOKENS,
+)
 from gateway.validation import parse_body
 
+_BIG_BODY = 256 * 1024  # parsing and reading it take a millisecond or more
 _JSON_TYPES = ("application/json", "application/octet-stream")
 
 
@@ -48,9 +60,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             raise APIError(
                 503, "the gateway is shutting down", code="draining", headers={"Retry-After": "1"}
             )
-        raw = await _read_json_body(request, config.server.body_read_timeout_s)
-        body = parse_body(raw, endpoint)
-        features = extract_features(body, endpoint, app[TOKENS], config.routing.features)
+        raw, body, features = await _read_and_analyse(request, endpoint, config)
         if (recorder := app.get(RECORDER)) is not None:
             recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
         state = app[BACKENDS].live_state()
@@ -74,7 +84,11 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         life.meter.fail(CLIENT_DISCONNECT)
         raise
     finally:
-        record = life.close(config.backends.speculative.num_speculative_tokens)
+        sources = app[BACKENDS].sources
+        record = life.close(
+            config.backends.speculative.num_speculative_tokens, sources.attributed_rate
+        )
+        sources.saw_answer(record.spec_metrics)
         count_request(app[METRICS], record)
         log_request(record)
         learn(snapshot.policy, app[METRICS], record)
@@ -82,6 +96,41 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             line = outcome_line(record, include_prompt=config.outcome_log.include_prompts)
             if line is not None:
                 outcomes.write(line)
+
+
+async def _read_and_analyse(
+    request: web.Request, endpoint: Endpoint, config: Config
+) -> tuple[bytes, dict[str, Any], RequestFeatures]:
+    """The body, parsed, validated, and its features.
+
+    A big body (milliseconds to read, parse and forward) first draws from the
+    byte-rate budget (gateway/limits.py), then is read and parsed one at a time, in
+    a thread: a flood of them waits in TCP's flow control, not in this process, and
+    the event loop (and /health) keeps most of it.
+    """
+    timeout_s, tokens, options = (
+        config.server.body_read_timeout_s,
+        request.app[TOKENS],
+        config.routing.features,
+    )
+    declared = request.content_length or 0
+    if declared < _BIG_BODY:
+        raw = await _read_json_body(request, timeout_s)
+        if len(raw) < _BIG_BODY:
+            return raw, *_analyse(raw, endpoint, tokens, options)
+    await request.app[BIG_BODY_RATE].take(declared or len(raw))
+    async with request.app[BIG_BODIES]:
+        if declared >= _BIG_BODY:
+            raw = await _read_json_body(request, timeout_s)
+        body, features = await asyncio.to_thread(_analyse, raw, endpoint, tokens, options)
+    return raw, body, features
+
+
+def _analyse(
+    raw: bytes, endpoint: Endpoint, tokens: TokenCounter, options: FeatureOptions
+) -> tuple[dict[str, Any], RequestFeatures]:
+    body = parse_body(raw, endpoint)
+    return body, extract_features(body, endpoint, tokens, options)
 
 
 async def _read_json_body(request: web.Request, timeout_s: float) -> bytes:
@@ -181,7 +230,17 @@ async def ready(request: web.Request) -> web.Response:
     backends = {b.route.value: b.healthy for b in pool}
     if not any(b.healthy or b.reachable for b in pool):
         return error_response(503, f"no backend is healthy: {backends}", code="not_ready")
-    return web.json_response({"status": "ready", "backends": backends})
+    # Whether the speculative server sends per-request metrics (null until a
+    # speculative answer says), and so where the router's acceptance comes from.
+    sources = pool.sources
+    return web.json_response(
+        {
+            "status": "ready",
+            "backends": backends,
+            "per_request_metrics": sources.per_request_metrics,
+            "acceptance_source": sources.in_use,
+        }
+    )
 
 
 _OPENAPI = importlib.resources.files("gateway").joinpath("openapi.json").read_bytes()

@@ -11,6 +11,7 @@ tokens nobody will read.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ _FORWARDED_REQUEST_HEADERS = ("Content-Type", "Accept", "User-Agent")
 # with its Content-Encoding, so the client can still decode it.
 _UPSTREAM_ENCODING = {"Accept-Encoding": "identity"}
 _PASSED_RESPONSE_HEADERS = ("Content-Type", "Content-Encoding")
+# aiohttp sends a bytes body in one write (and warns past 1 MiB); larger ones go
+# from a BytesIO in chunks, so one big body does not hold the event loop.
+_RAW_BODY_MAX = 1024 * 1024
 
 log = structlog.get_logger("specroute.proxy")
 
@@ -48,17 +52,27 @@ class UpstreamFailure(Exception):
     """The backend failed before the client got a byte: another backend may answer.
 
     `message` goes to the client: the route and a reason, never an address.
-    `refused`: no connection could be opened at all (the process is down).
+    `dead`: the connection failed before any answer (refused, dropped, reset):
+    the backend is down or restarting. `refused`: no connection could be opened
+    at all, which says the process is gone (a dropped pooled connection does not).
     """
 
     def __init__(
-        self, kind: str, status: int, message: str, *, retryable: bool, refused: bool = False
+        self,
+        kind: str,
+        status: int,
+        message: str,
+        *,
+        retryable: bool,
+        dead: bool = False,
+        refused: bool = False,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
         self.message = message
         self.retryable = retryable
+        self.dead = dead or refused
         self.refused = refused
 
 
@@ -81,8 +95,9 @@ async def open_upstream(
     )
     name = target.name
     try:
+        data = io.BytesIO(body) if len(body) > _RAW_BODY_MAX else body
         return await session.post(
-            f"{target.base_url}{request.path}", data=body, headers=headers, timeout=timeout
+            f"{target.base_url}{request.path}", data=data, headers=headers, timeout=timeout
         )
     except asyncio.CancelledError as exc:
         if not is_drain(exc):
@@ -111,6 +126,7 @@ async def open_upstream(
             502,
             f"backend {name} unreachable: {_why(exc)}",
             retryable=True,
+            dead=True,
             refused=isinstance(exc, aiohttp.ClientConnectorError),
         ) from None
 

@@ -17,13 +17,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from classifier.features import Endpoint, RequestFeatures
+from classifier.features import Endpoint, RequestFeatures, Workload
 from classifier.policy import Decision, LiveState, Route
-from gateway.measure import MeasuredAcceptance, from_report, from_stream_steps
+from gateway.measure import (
+    MeasuredAcceptance,
+    from_counters,
+    from_report,
+    from_stream_steps,
+    reports_spec_metrics,
+)
 
 CLIENT_DISCONNECT = "client_disconnect"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _STREAM_FAILURES = ("upstream_broken", "upstream_stall", "drained")
+
+# A workload's acceptance rate attributed from vLLM's counters, or None while
+# it is too uncertain (AcceptanceSources.attributed_rate).
+AttributedRate = Callable[[Workload], float | None]
 
 
 def request_id_of(headers: Mapping[str, str]) -> str:
@@ -108,7 +118,9 @@ class RequestLife:
     def failed_over(self, away_from: Route) -> None:
         self.failover_from = away_from
 
-    def close(self, num_speculative_tokens: int) -> RequestRecord:
+    def close(
+        self, num_speculative_tokens: int, attributed: AttributedRate | None = None
+    ) -> RequestRecord:
         self.meter.finish()
         meter = self.meter
         usage = meter.usage or {}
@@ -116,9 +128,12 @@ class RequestLife:
         prompt = usage.get("prompt_tokens")
         status = _status_label(meter)
         route = self.route or (self.decision.route if self.decision else None)
-        acceptance = None
+        acceptance = spec_metrics = None
         if status == "2xx" and route is Route.SPECULATIVE:
-            acceptance = _acceptance(meter, self.features, completion, num_speculative_tokens)
+            spec_metrics = reports_spec_metrics(meter.report)
+            acceptance = _acceptance(
+                meter, self.features, completion, num_speculative_tokens, attributed
+            )
         return RequestRecord(
             request_id=self.request_id,
             endpoint=self.endpoint,
@@ -138,6 +153,7 @@ class RequestLife:
             token_events=meter.token_events,
             acceptance=acceptance,
             body=self.body,
+            spec_metrics=spec_metrics,
         )
 
 
@@ -163,6 +179,9 @@ class RequestRecord:
     token_events: int
     acceptance: MeasuredAcceptance | None
     body: dict[str, Any]
+    # A successful speculative answer: did it carry vLLM's per-request metrics?
+    # None for every other answer (no evidence either way).
+    spec_metrics: bool | None = None
 
     @property
     def predicted_s(self) -> float | None:
@@ -224,9 +243,19 @@ def _acceptance(
     features: RequestFeatures | None,
     completion_tokens: object,
     num_speculative_tokens: int,
+    attributed: AttributedRate | None,
 ) -> MeasuredAcceptance | None:
-    measured = from_report(meter.report)
-    if measured is None and features is not None and features.stream and features.n == 1:
-        tokens = completion_tokens if isinstance(completion_tokens, int) else None
-        measured = from_stream_steps(tokens, meter.token_events, num_speculative_tokens)
-    return measured
+    """Per-request metrics (exact), else the workload's counter attribution, else
+    the streamed steps; an answer whose metrics say nothing was drafted has none."""
+    if reports_spec_metrics(meter.report):
+        return from_report(meter.report)
+    tokens = completion_tokens if isinstance(completion_tokens, int) else None
+    if features is None or tokens is None or tokens < 2:
+        return None  # one token is the prefill's: nothing was drafted
+    if attributed is not None:
+        measured = from_counters(attributed(features.workload), num_speculative_tokens)
+        if measured is not None:
+            return measured
+    if features.stream and features.n == 1:
+        return from_stream_steps(tokens, meter.token_events, num_speculative_tokens)
+    return None

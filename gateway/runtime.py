@@ -42,6 +42,8 @@ RELOADABLE = (
     "routing.guards",
     "routing.rules",
     "routing.cost_model",
+    # read by the page's handler on every request
+    "ui",
     # the gateway's keys: re-read (a reload is how they are rotated)
     "auth",
     # process-wide: serve.reload applies it

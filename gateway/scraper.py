@@ -22,7 +22,10 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
-_WANTED = (RUNNING, WAITING, KV_USAGE, DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS)
+# When the counter was created: it changes when vLLM restarts, even where the
+# new counters have already climbed past the old values by the next scrape.
+DRAFT_TOKENS_CREATED = "vllm:spec_decode_num_draft_tokens_created"
+_WANTED = (RUNNING, WAITING, KV_USAGE, DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, DRAFT_TOKENS_CREATED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,7 @@ class Scrape:
     drafts: float | None = None
     draft_tokens: float | None = None
     accepted_tokens: float | None = None
+    counters_created: float | None = None  # sum over engines: any restart changes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,20 +70,49 @@ def parse_metrics(text: str, at: float) -> Scrape:
         drafts=sums.get(DRAFTS),
         draft_tokens=sums.get(DRAFT_TOKENS),
         accepted_tokens=sums.get(ACCEPTED_TOKENS),
+        counters_created=sums.get(DRAFT_TOKENS_CREATED),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CounterWindow:
+    """The speculative counters' deltas between two scrapes of one server."""
+
+    start: float  # monotonic times of the two scrapes
+    end: float
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+
+
+def counter_window(before: Scrape, after: Scrape) -> CounterWindow | str:
+    """The deltas, or why there are none: "no_counters" (a server without
+    speculative decoding), "reset" (a restart: counters went down, accepted
+    outgrew drafted, or the counters were created anew), "no_drafts"."""
+    b_drafted, a_drafted = before.draft_tokens, after.draft_tokens
+    b_accepted, a_accepted = before.accepted_tokens, after.accepted_tokens
+    if b_drafted is None or a_drafted is None or b_accepted is None or a_accepted is None:
+        return "no_counters"
+    drafted, accepted = a_drafted - b_drafted, a_accepted - b_accepted
+    if (
+        drafted < 0
+        or accepted < 0
+        or accepted > drafted
+        or before.counters_created != after.counters_created
+    ):
+        return "reset"
+    if drafted == 0:
+        return "no_drafts"
+    drafts = (after.drafts or 0.0) - (before.drafts or 0.0)
+    return CounterWindow(before.at, after.at, max(drafts, 0.0), drafted, accepted)
 
 
 def acceptance_between(before: Scrape, after: Scrape) -> Acceptance | None:
     """d(accepted)/d(drafted); None without new drafts (or after a restart)."""
-    if None in (before.draft_tokens, after.draft_tokens, before.accepted_tokens):
+    window = counter_window(before, after)
+    if isinstance(window, str):
         return None
-    assert before.draft_tokens is not None and after.draft_tokens is not None
-    assert before.accepted_tokens is not None and after.accepted_tokens is not None
-    drafted = after.draft_tokens - before.draft_tokens
-    accepted = after.accepted_tokens - before.accepted_tokens
-    if drafted <= 0 or accepted < 0:
-        return None
-    drafts = (after.drafts or 0.0) - (before.drafts or 0.0)
+    drafted, accepted, drafts = window.draft_tokens, window.accepted_tokens, window.drafts
     mean_length = 1.0 + accepted / drafts if drafts > 0 else float("nan")
     return Acceptance(rate=accepted / drafted, mean_length=mean_length, draft_tokens=drafted)
 

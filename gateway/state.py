@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter
 from gateway.backends import BackendPool
 from gateway.config import Config
+from gateway.limits import ByteRate
 from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder
 from gateway.relays import Relays
@@ -17,6 +20,8 @@ from gateway.telemetry import Metrics
 CONFIG = web.AppKey("config", Config)  # as at start: what resources were built from
 METRICS = web.AppKey("metrics", Metrics)
 BACKENDS = web.AppKey("backends", BackendPool)
+BIG_BODY_RATE = web.AppKey("big_body_rate", ByteRate)  # server.big_body_mb_s
+BIG_BODIES = web.AppKey("big_bodies", asyncio.Semaphore)  # parsed one at a time, off the loop
 RELAYS = web.AppKey("relays", Relays)  # answers in flight, for the drain to end
 RUNTIME = web.AppKey("runtime", Runtime)  # the reloadable part: config, policy, keys
 TOKENS = web.AppKey("tokens", TokenCounter)

@@ -109,6 +109,13 @@ class Metrics:
             buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4),
             registry=r,
         )
+        self.gpu_shared = Gauge(
+            "specroute_gpu_shared",
+            "Whether the router treats both servers as sharing one GPU: 1 yes, 0 a GPU each, "
+            'NaN while it measures (shared_gpu = "auto") or for a policy without the notion',
+            registry=r,
+        )
+        self.gpu_shared.set(float("nan"))
         self.estimated_acceptance = Gauge(
             "specroute_estimated_acceptance",
             "The cost model's per-position draft acceptance estimate a, by workload.",
@@ -143,6 +150,34 @@ class Metrics:
             "specroute_backend_spec_mean_acceptance_length",
             "Tokens per verify step over the last scrape window with drafts (vLLM counters).",
             ["backend"],
+            registry=r,
+        )
+        self.attributed_acceptance = Gauge(
+            "specroute_attributed_acceptance_rate",
+            "Accepted/drafted tokens per workload, attributed from vLLM's spec_decode counters "
+            "by decoding time; NaN until its standard error is below 0.03.",
+            ["workload"],
+            registry=r,
+        )
+        self.attributed_draft_tokens = Gauge(
+            "specroute_attributed_draft_tokens",
+            "Effective (decayed, other workloads' share removed) drafted tokens behind each "
+            "workload's attributed acceptance.",
+            ["workload"],
+            registry=r,
+        )
+        self.attribution_windows = Counter(
+            "specroute_attribution_windows",
+            "Scrape windows of the speculative counters, by outcome: attributed, or why not "
+            "(reset, stale, foreign, unattributed, lost, no_drafts, invalid).",
+            ["backend", "outcome"],
+            registry=r,
+        )
+        self.acceptance_source = Gauge(
+            "specroute_acceptance_source",
+            "1 for the acceptance source in use for speculative answers: per_request_metrics, "
+            "counter_attribution, stream_steps or unknown (no speculative answer yet).",
+            ["source"],
             registry=r,
         )
 

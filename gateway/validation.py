@@ -11,13 +11,26 @@ import json
 import math
 from typing import Any
 
+import orjson
+
 from classifier.features import Endpoint
 from gateway.errors import APIError
 
 _MAX_INT = 2**31 - 1
+_FAST_PARSE_BYTES = 64 * 1024
 # Choices per request, as OpenAI caps it: each is a sequence in the backend's
 # batch, so one request with n=10000 would slow every other client.
 MAX_N = 128
+
+
+def _fast_loads(raw: bytes) -> Any:
+    """orjson for big bodies (about twice as fast: a 4 MB body holds the event loop
+    ~4 ms instead of 7-16). Anything it refuses goes through the standard parser,
+    whose rules and messages stay the gateway's (lone surrogates, huge integers)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _reject_constant(name: str) -> float:
@@ -26,14 +39,16 @@ def _reject_constant(name: str) -> float:
 
 def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
     """The request as a dict, or an APIError(400) that says what is wrong."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise APIError(400, "request body is not valid UTF-8") from None
-    try:
-        body = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise APIError(400, f"request body is not valid JSON: {exc}") from None
+    body = _fast_loads(raw) if len(raw) >= _FAST_PARSE_BYTES else None
+    if body is None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise APIError(400, "request body is not valid UTF-8") from None
+        try:
+            body = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:
+            raise APIError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
     if endpoint is Endpoint.CHAT:

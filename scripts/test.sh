@@ -19,12 +19,17 @@ if [[ -n "$ci" && "${SPECROUTE_SKIP_VLLM:-0}" != "0" ]]; then
 fi
 
 # System tools the deploy/ checks run for real: promtool and a Prometheus
-# server, shellcheck; tcmalloc makes CPU vLLM's speculation faster.
+# server, shellcheck; tcmalloc makes CPU vLLM's speculation faster; Chromium.
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 [[ -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || -e /usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4 ]] \
     || need+=(libtcmalloc-minimal4)
+# Headless Chromium for the /ui browser test (tests/gateway/test_ui_browser.py:
+# PyPI's playwright drives it; Playwright's own browser download is not used),
+# and a font to render the page in.
+command -v chromium >/dev/null || need+=(chromium)
+[[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need+=(fonts-dejavu-core)
 if [[ ${#need[@]} -gt 0 ]]; then
     echo "== apt-get install ${need[*]}"
     if [[ $(id -u) -eq 0 ]]; then

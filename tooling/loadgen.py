@@ -5,9 +5,11 @@ time to first token is the first chunk carrying text, the token count comes
 from the final usage chunk, and so do vLLM's per-request speculative metrics
 (`metrics.speculative_decoding`, when the server was started with
 --per-request-spec-decode-metrics), which is how the bench measures acceptance
-per request. The gateway's route headers are kept when the target is the
-gateway. Each Result carries its request's index, so runs of the same request
-list against different targets can be paired request by request.
+per request. With stream=False the same request is sent whole (no TTFT) and
+the usage and metrics come from the body. The gateway's route headers are kept
+when the target is the gateway. Each Result carries its request's index, so
+runs of the same request list against different targets can be paired request
+by request.
 """
 
 from __future__ import annotations
@@ -58,8 +60,14 @@ async def send_one(
     request: Request,
     index: int = -1,
     headers: Mapping[str, str] | None = None,
+    *,
+    stream: bool = True,
 ) -> Result:
-    body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {**request.body, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    else:
+        body.pop("stream_options", None)
     started = time.perf_counter()
     ttft = None
     route = reason = None
@@ -87,7 +95,13 @@ async def send_one(
             reason = resp.headers.get("x-specroute-reason")
             if resp.status != 200:
                 return failed(resp.status, (await resp.read())[:200].decode(errors="replace"))
-            async for line in resp.content:
+            if not stream:
+                whole = await resp.json()
+                if not isinstance(whole, dict) or "error" in whole:
+                    return failed(200, str(whole)[:200])
+                usage = whole.get("usage") or {}
+                spec = _spec_metrics(whole) or {}
+            while stream and (line := await resp.content.readline()):
                 if not line.startswith(b"data: {"):
                     continue
                 chunk = json.loads(line[6:])
@@ -97,11 +111,7 @@ async def send_one(
                     ttft = time.perf_counter() - started
                 if isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
-                metrics = chunk.get("metrics")
-                if isinstance(metrics, dict) and isinstance(
-                    metrics.get("speculative_decoding"), dict
-                ):
-                    spec = metrics["speculative_decoding"]
+                spec = _spec_metrics(chunk) or spec
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         return failed(0, f"{type(exc).__name__}: {exc}")
     return Result(
@@ -121,6 +131,13 @@ async def send_one(
     )
 
 
+def _spec_metrics(doc: Any) -> dict[str, Any] | None:
+    """vLLM's per-request `metrics.speculative_decoding` in a body or a chunk, if there."""
+    metrics = doc.get("metrics") if isinstance(doc, dict) else None
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    return spec if isinstance(spec, dict) else None
+
+
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -133,6 +150,7 @@ async def run_closed_loop(
     on_done: OnDone | None = None,
     *,
     deadline: float | None = None,
+    stream: bool = True,
 ) -> list[Result]:
     """Keep `concurrency` requests in flight until all are done; results in request order.
 
@@ -149,7 +167,7 @@ async def run_closed_loop(
             if deadline is not None and time.perf_counter() >= deadline:
                 return
             i = queue.get_nowait()
-            result = await send_one(session, base_url, requests[i], i)
+            result = await send_one(session, base_url, requests[i], i, stream=stream)
             results[i] = result
             if on_done is not None:
                 on_done(result)

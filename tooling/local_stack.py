@@ -64,10 +64,10 @@ async def wait_healthy(url: str, timeout_s: float = 20.0) -> None:
 
 
 def gateway_config(
-    spec_url: str, base_url: str, emulator: EmulatorConfig, *, gpus: int = 1, **overrides: Any
+    spec_url: str, base_url: str, emulator: EmulatorConfig, **overrides: Any
 ) -> Config:
-    """A gateway config for the emulated pair: k and c as the speculative emulator runs them,
-    and the cost model told whether the two servers share a GPU."""
+    """A gateway config for the emulated pair: k and c as the speculative emulator runs them.
+    Whether the two share a GPU is not told (shared_gpu = "auto"): the gateway measures it."""
     raw: dict[str, Any] = {
         "backends": {
             "speculative": {
@@ -81,8 +81,6 @@ def gateway_config(
     }
     for section, values in overrides.items():
         raw[section] = {**raw.get(section, {}), **values}
-    routing = raw.setdefault("routing", {})
-    routing["cost_model"] = {"shared_gpu": gpus == 1, **routing.get("cost_model", {})}
     return parse_config(raw)
 
 
@@ -117,7 +115,7 @@ async def local_stack(
         runners.append(spec_runner)
         base_runner, base_url = await serve_app(create_emulator_app(base_cfg, base_gpu))
         runners.append(base_runner)
-        config = gateway_config(spec_url, base_url, spec_cfg, gpus=gpus, **gateway_overrides)
+        config = gateway_config(spec_url, base_url, spec_cfg, **gateway_overrides)
         gw_runner, gw_url = await serve_app(
             create_app(config, tokens=tokens), gateway_host, gateway_port
         )

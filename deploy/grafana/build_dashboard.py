@@ -410,14 +410,15 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 8,
                 [
                     q(
-                        "sum by (workload) (rate(specroute_spec_acceptance_rate_sum"
-                        f"{{{WL}}}[{RI}])) / sum by (workload) "
+                        "sum by (workload, source) (rate(specroute_spec_acceptance_rate_sum"
+                        f"{{{WL}}}[{RI}])) / sum by (workload, source) "
                         f"(rate(specroute_spec_acceptance_rate_count{{{WL}}}[{RI}]))",
-                        "{{workload}}",
+                        "{{workload}} ({{source}})",
                     )
                 ],
                 "Mean accepted/proposed draft tokens of the requests the speculative server "
-                "answered, by workload (vLLM's per-request metrics, read by the gateway).",
+                "answered, by workload and source: vLLM's per-request metrics (exact), the "
+                "workload's rate attributed from vLLM's counters, or streamed steps.",
             ),
             (
                 "Estimated acceptance a (the router's belief)",
@@ -468,6 +469,45 @@ ROWS: list[tuple[str, list[Panel]]] = [
                     ),
                 ],
                 "KV-cache usage and acceptance from the counter deltas the gateway scrapes.",
+            ),
+            (
+                "Acceptance attributed from vLLM's counters",
+                "timeseries",
+                "percentunit",
+                8,
+                [
+                    q(
+                        f"avg by (workload) (specroute_attributed_acceptance_rate{{{WL}}})",
+                        "{{workload}}",
+                    )
+                ],
+                "Accepted/drafted tokens per workload, from vLLM's spec_decode counter deltas "
+                "shared among the requests decoding in each scrape window. What answers "
+                "without per-request metrics learn from; empty until enough drafted tokens.",
+            ),
+            (
+                "Counter windows by outcome",
+                "timeseries",
+                "short",
+                8,
+                [
+                    q(
+                        f"sum by (outcome) (rate(specroute_attribution_windows_total[{RI}]))",
+                        "{{outcome}}",
+                    )
+                ],
+                "Scrape windows of the speculative counters per second: attributed, or why "
+                "not (reset: a vLLM restart; stale: a failed scrape; foreign: other clients).",
+            ),
+            (
+                "Acceptance source in use",
+                "timeseries",
+                "short",
+                8,
+                [q("max by (source) (specroute_acceptance_source) == 1", "{{source}}")],
+                "Where speculative answers' acceptance comes from: per_request_metrics "
+                "(--per-request-spec-decode-metrics), counter_attribution, stream_steps, or "
+                "unknown before the first speculative answer.",
             ),
             (
                 "Failovers",

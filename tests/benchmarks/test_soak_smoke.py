@@ -1,4 +1,5 @@
-"""A short soak with injected faults: no failed request, flat tasks, no ResourceWarning."""
+"""A short soak with every event of issue 16 injected once: no failed request, no
+stream without [DONE], flat tasks and RSS, no ResourceWarning."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_soak_smoke() -> None:
     proc = subprocess.run(
-        [sys.executable, "benchmarks/soak.py", "--duration", "15", "--concurrency", "8"],
+        [sys.executable, "benchmarks/soak.py", "--duration", "20", "--concurrency", "8"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=110,
     )
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert summary["ok"] and summary["failed"] == 0 and summary["requests"] > 100
-    assert "backend kills+restarts" in proc.stdout
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert summary["ok"] and summary["failed"] == 0 and summary["bad_streams"] == 0
+    assert summary["requests"] > 100
+    # One round of events: kill each backend, stall, eject then kill the other, saturate, flood.
+    assert summary["events"] >= 7
+    for figure in ("backend kills+restarts", "ejections", "saturated queues", "floods of 4 MB"):
+        assert figure in proc.stdout

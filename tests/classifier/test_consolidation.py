@@ -91,7 +91,10 @@ def test_each_load_is_measured_on_its_own() -> None:
     measured(target, SPEC, 4.0, batch=8)
     assert target.update(busy(0, 7), BOTH) is BASE  # batch 8: both known, baseline faster
     routes = [target.update(busy(0, 31), BOTH) for _ in range(30)]  # the load rises to 32
-    assert routes[0] is BASE and SPEC in routes  # speculative never tried there: a trial
+    assert set(routes) == {BASE}  # nothing measured at 32 yet: no trial against nothing
+    measured(target, BASE, 2.0, batch=32)
+    routes = [target.update(busy(0, 31), BOTH) for _ in range(3)]
+    assert SPEC in routes  # the carrier is known at 32, speculative never tried there: a trial
     assert target.per_unit(SPEC, 32) is None
     assert target.per_unit(BASE, 11) == pytest.approx(2.0)  # 6-11 share the bucket of 8
 
@@ -162,15 +165,31 @@ def test_a_queue_on_the_carrier_sends_the_request_to_the_server_with_room() -> N
     decision = policy.decide(f, saturated)
     assert decision.route is Route.SPECULATIVE
     assert decision.reason in ("avoid-queue", "consolidate")
-    # no room on the speculative server either (its guard): the queue it is
+    # a big speculative batch (its spec-busy guard) still beats a queue...
     busy_spec = LiveState(
         BackendState(inflight=20, running=20, waiting=0),
         BackendState(inflight=100, running=32, waiting=68),
     )
-    assert policy.decide(f, busy_spec).route is Route.BASELINE
+    assert policy.decide(f, busy_spec).reason == "avoid-queue"
+    # ...a nearly full KV cache does not: it would preempt
+    full_kv = LiveState(
+        BackendState(inflight=20, running=20, waiting=0, kv_cache_usage=0.95),
+        BackendState(inflight=100, running=32, waiting=68),
+    )
+    assert policy.decide(f, full_kv).route is Route.BASELINE
     # a queue on the speculative server too: nowhere better to go
     both_queued = LiveState(
         BackendState(inflight=4, running=4, waiting=3),
         BackendState(inflight=100, running=32, waiting=68),
     )
     assert policy.decide(f, both_queued).reason != "avoid-queue"
+
+
+def test_an_unmeasured_load_follows_the_prediction_for_the_batch() -> None:
+    """On a fresh gateway the first carrier under load is the one the cost model predicts
+    faster for the batch, not a fixed one followed by a 64-request trial of the other
+    (the README demo sent structured requests 4 of 6 to the baseline that way)."""
+    target = ConsolidationTarget(initial=BASE)
+    routes = [target.update(busy(0, 1), BOTH, lean=SPEC)]  # the baseline still holds one
+    routes += [target.update(busy(1, 0), BOTH, lean=SPEC) for _ in range(10)]
+    assert routes[-10:] == [SPEC] * 10 and target.trials == 0

@@ -12,6 +12,7 @@ from costmodel_sim import features
 
 from classifier import Workload
 from classifier.acceptance import (
+    NEUTRAL_ACCEPTANCE,
     AcceptanceEstimator,
     AcceptancePriors,
     prompt_bucket,
@@ -28,6 +29,7 @@ from classifier.acceptance_model import (
     load_acceptance_model,
 )
 from classifier.speculation import acceptance_rate
+from tooling.emulator.config import EmulatorConfig
 
 K = 4
 PRIORS = AcceptancePriors()
@@ -56,6 +58,23 @@ def test_buckets() -> None:
         2,
         3,
     ]
+
+
+def test_default_priors_are_neutral_and_not_the_emulators_truth() -> None:
+    """Two sources that must differ: the router's priors are one neutral value
+    (classifier/acceptance.py), the emulator's truth is CALIBRATION.md's per-kind
+    levels. A learning result that holds only where they agree shows nothing."""
+    assert {PRIORS.of(w) for w in Workload} == {NEUTRAL_ACCEPTANCE}
+    emulator = EmulatorConfig(mode="speculative")
+    truth = {
+        Workload.STRUCTURED: emulator.acceptance_structured,
+        Workload.CODE: emulator.acceptance_code,
+        Workload.CHAT: emulator.acceptance_chat,
+        Workload.CREATIVE: emulator.acceptance_creative,
+    }
+    gaps = {w: round(PRIORS.of(w) - a, 9) for w, a in truth.items()}
+    assert all(abs(gap) >= 0.1 for gap in gaps.values()), gaps
+    assert min(gaps.values()) <= -0.2 and max(gaps.values()) >= 0.2, gaps
 
 
 def test_starts_at_the_config_prior() -> None:

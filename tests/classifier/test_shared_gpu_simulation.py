@@ -37,7 +37,7 @@ def test_an_idle_gpu_routes_each_request_to_its_faster_server() -> None:
 
 @pytest.mark.parametrize("concurrency", [8, 32])
 def test_under_load_it_keeps_up_with_the_better_static_route(concurrency: int) -> None:
-    policy = CostModelPolicy(CostModelConfig())
+    policy = CostModelPolicy(CostModelConfig(shared_gpu=True))
     served = simulate(policy, REQUESTS, concurrency)
     ours = mean_latency(served)
     statics = [mean_latency(simulate(StaticPolicy(r), REQUESTS, concurrency)) for r in (SPEC, BASE)]
@@ -48,7 +48,9 @@ def test_under_load_it_keeps_up_with_the_better_static_route(concurrency: int) -
     assert ours <= 1.05 * min(statics), (ours / min(statics), statics)
     assert split > 1.08 * min(statics)  # the per-request split the target prevents
     assert ours < 0.96 * split
-    assert policy.consolidation_trials() >= 1  # it measured both servers at this load
+    # It measured both servers at 8; at 32 the guard (spec_max_inflight 16) leaves
+    # only the baseline to carry the batch, and nothing to try.
+    assert policy.consolidation_trials() >= (1 if concurrency == 8 else 0)
     assert sum(s.reason == "consolidate" for s in served) > 0.8 * len(served)
 
 
@@ -63,3 +65,22 @@ def test_with_a_gpu_per_server_each_request_goes_where_it_is_fastest(concurrency
     base = simulate(StaticPolicy(BASE), REQUESTS, concurrency, gpus=2)
     assert ours < 0.8 * min(mean_latency(spec), mean_latency(base))
     assert ours <= 1.10 * oracle_latency(spec, base)
+
+
+@pytest.mark.parametrize("concurrency", [8, 32])
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_auto_measures_the_topology_and_pays_little_for_it(concurrency: int, gpus: int) -> None:
+    """The default (shared_gpu = "auto") starts as if on one GPU and probes. Measured
+    in this sim, seeds 3-5: one GPU 1.03-1.04x the better static at 8 and 1.06-1.08x
+    at 32 (5-13 probes; told the topology: 1.006 and 1.015); a GPU each 0.73x and
+    0.65x (told: 0.64 and 0.59; before "auto", the default true gave ~1.0)."""
+    policy = CostModelPolicy(CostModelConfig())
+    ours = mean_latency(simulate(policy, REQUESTS, concurrency, gpus=gpus))
+    best = min(
+        mean_latency(simulate(StaticPolicy(r), REQUESTS, concurrency, gpus=gpus))
+        for r in (SPEC, BASE)
+    )
+    shared, _, probes = policy.topology()
+    assert shared is (gpus == 1)
+    assert probes <= 16
+    assert ours <= (1.12 if gpus == 1 else 0.8) * best, ours / best

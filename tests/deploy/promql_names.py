@@ -39,12 +39,17 @@ GATEWAY_METRICS = {
     "specroute_failovers": "counter",
     "specroute_spec_acceptance_rate": "histogram",
     "specroute_estimated_acceptance": "gauge",
+    "specroute_gpu_shared": "gauge",
     "specroute_latency_prediction_ratio": "histogram",
     "specroute_backend_running": "gauge",
     "specroute_backend_waiting": "gauge",
     "specroute_backend_kv_cache_usage": "gauge",
     "specroute_backend_spec_acceptance_rate": "gauge",
     "specroute_backend_spec_mean_acceptance_length": "gauge",
+    "specroute_attributed_acceptance_rate": "gauge",
+    "specroute_attributed_draft_tokens": "gauge",
+    "specroute_attribution_windows": "counter",
+    "specroute_acceptance_source": "gauge",
 }
 VLLM_METRICS = {
     "vllm:num_requests_running": "gauge",

@@ -18,13 +18,15 @@ from aiohttp import web
 
 def backend_app(
     generate: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    *,
+    client_max_size: int = 1024**2,
 ) -> web.Application:
     """A one-off backend: `generate` answers chat completions, /health says 200."""
 
     async def health(request: web.Request) -> web.Response:
         return web.Response()
 
-    app = web.Application()
+    app = web.Application(client_max_size=client_max_size)
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_get("/health", health)
     return app

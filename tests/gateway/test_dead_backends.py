@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import io
 import json
 
 from aiohttp import web
@@ -189,3 +190,77 @@ async def test_n_is_capped_at_openais_limit(gateway: Client, spec_upstream: Fake
     assert (await too_many.json())["error"]["param"] == "n"
     assert not spec_upstream.received
     assert (await gateway.post("/v1/chat/completions", json={**STRUCTURED, "n": 2})).status == 200
+
+
+def _drops_before_answering(times: int | None) -> web.Application:
+    """A backend that dies under a request: the connection drops before any answer
+    (the first `times` requests; None: all), then it answers."""
+    seen = [0]
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        seen[0] += 1
+        if times is None or seen[0] <= times:
+            assert request.transport is not None
+            request.transport.close()
+            raise web.HTTPInternalServerError()  # never sent: the connection is gone
+        body = {"id": "late", "object": "chat.completion", "model": "m", "choices": []}
+        return web.json_response(body)
+
+    return backend_app(generate)
+
+
+async def test_answers_in_flight_when_their_backend_dies_go_to_the_other(
+    aiohttp_client: ClientFactory,
+    aiohttp_server: ServerFactory,
+    base_server: TestServer,
+    tokens: TokenCounter,
+) -> None:
+    """Before: "server disconnected" needed a retry-budget slot, and 16 of 20 got 502."""
+    dying = await aiohttp_server(_drops_before_answering(None))
+    client = await _gateway(
+        aiohttp_client,
+        str(dying.make_url("")),
+        str(base_server.make_url("")),
+        tokens,
+        upstream={"retry_budget_ratio": 0.0, "retry_budget_min": 0},
+    )
+    responses = await asyncio.gather(
+        *(client.post("/v1/chat/completions", json=STRUCTURED) for _ in range(20))
+    )
+    assert [r.status for r in responses] == [200] * 20
+    assert {r.headers["x-specroute-route"] for r in responses} == {"baseline"}
+
+
+async def test_a_request_whose_stand_in_dies_too_goes_back_to_the_first(
+    aiohttp_client: ClientFactory, aiohttp_server: ServerFactory, tokens: TokenCounter
+) -> None:
+    """The speculative server drops one request (restarting), the baseline dies under it
+    too: the third attempt finds the speculative server back. Before: 502."""
+    spec = await aiohttp_server(_drops_before_answering(1))
+    base = await aiohttp_server(_drops_before_answering(None))
+    client = await _gateway(aiohttp_client, str(spec.make_url("")), str(base.make_url("")), tokens)
+    resp = await client.post("/v1/chat/completions", json=STRUCTURED)
+    assert resp.status == 200 and (await resp.json())["id"] == "late"
+    assert resp.headers["x-specroute-route"] == "speculative"
+
+
+async def test_a_large_body_is_forwarded_whole(
+    aiohttp_client: ClientFactory, aiohttp_server: ServerFactory, tokens: TokenCounter
+) -> None:
+    """Bodies over 1 MiB went out as raw bytes: aiohttp's ResourceWarning became a 500."""
+    sizes: list[int] = []
+
+    async def generate(request: web.Request) -> web.Response:
+        sizes.append(len(await request.read()))
+        return web.json_response({"id": "big", "object": "chat.completion", "choices": []})
+
+    backend = await aiohttp_server(backend_app(generate, client_max_size=8 * 1024**2))
+    url = str(backend.make_url(""))
+    client = await _gateway(aiohttp_client, url, url, tokens)
+    text = " ".join(f"word{i}" for i in range(300_000))  # ~2.3 MB
+    payload = json.dumps(chat(text)).encode()
+    headers = {"Content-Type": "application/json"}
+    resp = await client.post("/v1/chat/completions", data=io.BytesIO(payload), headers=headers)
+    assert resp.status == 200, await resp.text()
+    assert sizes == [len(payload)]

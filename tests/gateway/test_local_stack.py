@@ -10,17 +10,16 @@ from tooling.local_stack import MODEL, gateway_config, local_stack
 EMULATOR = EmulatorConfig(mode="speculative", model=MODEL)
 
 
-def test_the_cost_model_is_told_whether_the_servers_share_a_gpu() -> None:
-    one = gateway_config("http://s", "http://b", EMULATOR)
-    two = gateway_config("http://s", "http://b", EMULATOR, gpus=2, routing={"policy": "rules"})
-    assert one.routing.cost_model.shared_gpu is True
-    assert two.routing.cost_model.shared_gpu is False
-    assert two.routing.policy == "rules"  # other routing settings are kept
+def test_the_gateway_is_not_told_the_topology() -> None:
+    """It measures whether the two servers share a GPU: local_stack leaves the default."""
+    config = gateway_config("http://s", "http://b", EMULATOR, routing={"policy": "rules"})
+    assert config.routing.cost_model.shared_gpu == "auto"
+    assert config.routing.policy == "rules"  # other routing settings are kept
 
 
 def test_an_explicit_setting_wins() -> None:
     config = gateway_config(
-        "http://s", "http://b", EMULATOR, gpus=2, routing={"cost_model": {"shared_gpu": True}}
+        "http://s", "http://b", EMULATOR, routing={"cost_model": {"shared_gpu": True}}
     )
     assert config.routing.cost_model.shared_gpu is True
 

@@ -54,6 +54,7 @@ def other_value(key: str, value: object, tmp_path: Path) -> object:
         "routing.policy": "rules",
         "routing.tokenizer": "o200k_base",
         "logging.level": "error",
+        "routing.cost_model.shared_gpu": True,
         "record.redaction": "off",
         "routing.model_path": str(model_file(tmp_path)),
         "auth.api_keys_env": "RELOAD_TEST_KEYS",

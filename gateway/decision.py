@@ -1,0 +1,97 @@
+"""POST /decide/v1/chat/completions and /decide/v1/completions: what the gateway would do.
+
+The body of a request in, nothing forwarded: out come the features the router
+reads from it, the route and reason the policy gives it now, both predicted
+latencies (cost model only) and the acceptance the policy believes for its
+workload. The side-by-side page (/ui) shows it above the two streams. It is
+the policy's answer: an `x-specroute-route` header on the dry run is not read.
+
+A dry run must leave the router as it was. The cost model's decide() is not
+pure: it counts decisions, draws for exploration and moves the consolidation
+target. So the decision is taken on a deep copy of the policy (a few small
+arrays and dicts): exactly what decide() would answer for this body on this
+load now, the next random draw included, and the live policy's state, counters
+and metrics untouched. Nothing is logged but the error middleware's line for
+a refusal; the prompt never is.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+from aiohttp import web
+
+from classifier.features import Endpoint, RequestFeatures, extract_features
+from classifier.policy import Decision, LiveState, Policy, Route
+from classifier.speculation import acceptance_rate
+from gateway.handlers import _read_json_body
+from gateway.state import BACKENDS, RUNTIME, TOKENS
+from gateway.validation import parse_body
+
+
+async def chat_completions(request: web.Request) -> web.Response:
+    return await _decide(request, Endpoint.CHAT)
+
+
+async def completions(request: web.Request) -> web.Response:
+    return await _decide(request, Endpoint.COMPLETIONS)
+
+
+async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
+    app = request.app
+    snapshot = app[RUNTIME].current
+    config = snapshot.config
+    raw = await _read_json_body(request, config.server.body_read_timeout_s)
+    body = parse_body(raw, endpoint)
+    features = extract_features(body, endpoint, app[TOKENS], config.routing.features)
+    state = app[BACKENDS].live_state()
+    decision = preview(snapshot.policy, features, state)
+    k = config.backends.speculative.num_speculative_tokens
+    return web.json_response(
+        {
+            "object": "specroute.decision",
+            "forwarded": False,
+            "policy": config.routing.policy,
+            "route": decision.route.value,
+            "reason": decision.reason,
+            "predicted_s": _predicted(decision),
+            "predicted_speedup": _speedup(decision),
+            "acceptance": _believed(features, snapshot.policy, k),
+            "features": dataclasses.asdict(features),
+            "backends": {route.value: dataclasses.asdict(state.of(route)) for route in Route},
+        }
+    )
+
+
+def preview(policy: Policy, features: RequestFeatures, state: LiveState) -> Decision:
+    """policy.decide(features, state) without touching `policy`: decided on a copy."""
+    return copy.deepcopy(policy).decide(features, state)
+
+
+def _believed(features: RequestFeatures, policy: Policy, k: int) -> dict[str, object]:
+    """The policy's acceptance for this workload: per position (a) and as vLLM counts it
+    (accepted / drafted tokens, what the page measures); None where it has no estimate."""
+    a = policy.estimated_acceptance().get(features.workload)
+    return {
+        "workload": features.workload.value,
+        "rate": None if a is None else round(acceptance_rate(a, k), 4),
+        "per_position": None if a is None else round(a, 4),
+        "num_speculative_tokens": k,
+    }
+
+
+def _predicted(decision: Decision) -> dict[str, float] | None:
+    if not decision.predicted_s:
+        return None
+    return {route.value: round(s, 6) for route, s in decision.predicted_s.items()}
+
+
+def _speedup(decision: Decision) -> float | None:
+    """Predicted baseline latency / speculative latency: above 1, speculative is faster."""
+    predicted = decision.predicted_s or {}
+    spec, base = predicted.get(Route.SPECULATIVE), predicted.get(Route.BASELINE)
+    if spec is None or base is None or not (spec > 0 and math.isfinite(base)):
+        return None
+    return round(base / spec, 4)

@@ -1,0 +1,122 @@
+"""GET /stats: the gateway's live figures as JSON, for the side-by-side page's panel.
+
+Read from the gateway's own state, so no Grafana is needed: the request
+counters and histograms of its Prometheus registry (what it answered, where,
+how fast, with what acceptance), the policy's beliefs and the backends' live
+state. Per workload: the route mix, the mean e2e per route, the acceptance
+measured on the speculative route (per request, with its sources) next to the
+acceptance the policy believes, both as vLLM counts it (accepted / drafted).
+
+A speedup needs the same request on both routes. The gateway sends each request
+to one, so it has no live speedup yet: "speedup" is null and says why, until
+paired shadow copies exist. The mean e2e per route is NOT a speedup (different
+requests, different loads) and is labelled so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.metrics import MetricWrapperBase
+
+from classifier.features import Workload
+from classifier.policy import Route
+from classifier.speculation import acceptance_rate
+from gateway.state import BACKENDS, METRICS, RUNTIME
+from gateway.telemetry import Metrics
+
+NO_SPEEDUP = "no paired measurement: the gateway sends no shadow copies yet"
+
+
+async def stats(request: web.Request) -> web.Response:
+    app = request.app
+    snapshot = app[RUNTIME].current
+    metrics, pool = app[METRICS], app[BACKENDS]
+    k = snapshot.config.backends.speculative.num_speculative_tokens
+    requests = _samples(metrics.requests, "_total")  # (route, workload, status)
+    believed = snapshot.policy.estimated_acceptance()
+    state = pool.live_state()
+    return web.json_response(
+        {
+            "object": "specroute.stats",
+            "policy": snapshot.config.routing.policy,
+            "num_speculative_tokens": k,
+            "backends": {
+                b.route.value: {
+                    **dataclasses.asdict(state.of(b.route)),
+                    "reachable": b.reachable,
+                    "window_acceptance_rate": _gauge(metrics.backend_acceptance, b.route.value),
+                }
+                for b in pool
+            },
+            "requests": _total_by(requests, 0),  # per route, "none" for refused ones
+            "reasons": _total_by(_samples(metrics.decisions, "_total"), 1),
+            "workloads": {
+                w.value: _workload(w, metrics, requests, believed.get(w), k) for w in Workload
+            },
+            "speedup": {"value": None, "why": NO_SPEEDUP},
+        }
+    )
+
+
+def _workload(
+    w: Workload,
+    metrics: Metrics,
+    requests: dict[tuple[str, ...], float],
+    believed: float | None,
+    k: int,
+) -> dict[str, Any]:
+    durations = _samples(metrics.duration, "_sum")  # (route, workload), 2xx only
+    answered = _samples(metrics.duration, "_count")
+    accepted = _samples(metrics.acceptance, "_sum")  # (workload, source)
+    measured = _samples(metrics.acceptance, "_count")
+    n = _sum(measured, (w.value,))
+    return {
+        "requests": {r.value: int(_sum(requests, (r.value, w.value))) for r in Route},
+        "e2e_mean_s": {
+            r.value: _mean(durations.get((r.value, w.value)), answered.get((r.value, w.value)))
+            for r in Route
+        },
+        "acceptance": {
+            "measured_rate": _mean(_sum(accepted, (w.value,)), n),
+            "measured_requests": int(n),
+            "sources": sorted(s for (wl, s), c in measured.items() if wl == w.value and c),
+            "believed_rate": None if believed is None else round(acceptance_rate(believed, k), 4),
+        },
+        "speedup": None,
+    }
+
+
+def _samples(metric: MetricWrapperBase, suffix: str) -> dict[tuple[str, ...], float]:
+    """One sample kind of a labelled metric (`_total`, `_sum`, `_count`), by label values."""
+    out: dict[tuple[str, ...], float] = {}
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name == family.name + suffix:
+                out[tuple(sample.labels.values())] = sample.value
+    return out
+
+
+def _total_by(samples: dict[tuple[str, ...], float], label: int) -> dict[str, int]:
+    """The totals per value of one label, over all the others."""
+    out: dict[str, float] = defaultdict(float)
+    for labels, n in samples.items():
+        out[labels[label]] += n
+    return {value: int(n) for value, n in sorted(out.items())}
+
+
+def _sum(samples: dict[tuple[str, ...], float], prefix: tuple[str, ...]) -> float:
+    """The sum over the label sets that start with `prefix`."""
+    return sum(v for labels, v in samples.items() if labels[: len(prefix)] == prefix)
+
+
+def _mean(total: float | None, count: float | None) -> float | None:
+    return round(total / count, 6) if total is not None and count else None
+
+
+def _gauge(metric: MetricWrapperBase, backend: str) -> float | None:
+    value = _samples(metric, "").get((backend,))
+    return None if value is None or value != value else round(value, 4)  # NaN: unknown

@@ -1,0 +1,42 @@
+"""The adaptation benchmark runs end to end on its smoke subset and prints its table: every
+scenario's row, over HTTP (a real gateway over the emulator) and in virtual time, the
+acceptance it learned, and the misses. No figure is asserted: a few requests on a shared
+CI machine say nothing about speed (the README has the full table)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ("default", "inverted", "non-stream")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_adaptation_benchmark_smoke() -> None:
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/adaptation.py", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "EMULATED" in out and "NOT GPU measurements" in out
+    assert "told only the two URLs and k" in out  # what the gateway was told, stated
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
+    for name in SMOKE:
+        assert name in rows, out
+        assert rows[name][1] == "4"  # k as told
+        float(rows[name][2].rstrip("!"))  # the regret at concurrency 1, over HTTP
+    # Over HTTP and in virtual time for a truth the emulator models; over HTTP only for
+    # what the gateway measures over HTTP (virtual time has no HTTP).
+    assert rows["default"].count("|") == 1 and "-" not in rows["default"][:12]
+    assert rows["non-stream"][rows["non-stream"].index("|") + 1] == "-"
+    assert "acceptance a after the c=1 run" in out and "misses:" in out
+    assert "[EMULATED] 3 scenarios" in out
