@@ -9,6 +9,7 @@ been sent nothing is retried (the client would see a spliced answer).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -58,21 +59,22 @@ class _FailOver:
 async def dispatch(
     request: web.Request, routed: Routed, life: RequestLife, config: Config
 ) -> web.StreamResponse:
-    """Up to three attempts, A then B then A again: a backend that died under one
-    request may be back (restarted) by the time its stand-in dies too."""
+    """Up to three attempts, A, B, then A again when a backend was down (not sick):
+    one that died under a request may be back (restarted), or one that was sick a
+    moment ago may answer now, when its stand-in dies too."""
     pool = request.app[BACKENDS]
     route = _admit(pool, config, routed.route, life)
     budget_slots = 0
-    attempts = 2  # a third only when the first backend was down, not sick
+    first_dead = False
     try:
         for attempt in range(_ATTEMPTS):
-            answer = await _attempt(
-                request, routed, life, config, route, may_retry=attempt < attempts - 1
-            )
+            retry = _Retry.ANY if attempt == 0 else _Retry.NONE
+            if attempt == 1:
+                retry = _Retry.ANY if first_dead else _Retry.WHEN_DEAD
+            answer = await _attempt(request, routed, life, config, route, retry)
             if isinstance(answer, web.StreamResponse):
                 return answer
-            if attempt == 0 and answer.dead:
-                attempts = _ATTEMPTS
+            first_dead = first_dead or (attempt == 0 and answer.dead)
             budget_slots += answer.budgeted
             life.failed_over(route)
             route = route.other
@@ -82,14 +84,21 @@ async def dispatch(
     raise AssertionError("the last attempt always answers")  # pragma: no cover
 
 
+class _Retry(enum.Enum):
+    """What an attempt may hand on to the other backend instead of answering."""
+
+    ANY = "any"  # a down or a sick backend's failure
+    WHEN_DEAD = "when_dead"  # only a down one's (refused, dropped before an answer)
+    NONE = "none"
+
+
 async def _attempt(
     request: web.Request,
     routed: Routed,
     life: RequestLife,
     config: Config,
     route: Route,
-    *,
-    may_retry: bool,
+    retry: _Retry,
 ) -> web.StreamResponse | _FailOver:
     app = request.app
     pool = app[BACKENDS]
@@ -123,15 +132,18 @@ async def _attempt(
                 pool.report_refused(backend, upstream, failure.kind)
             else:
                 pool.report_failure(backend, upstream, failure.kind)
-            if failure.dead and may_retry and config.upstream.failover:
+            if failure.dead and retry is not _Retry.NONE and config.upstream.failover:
                 # Down (refused, or the connection dropped before an answer): the
                 # other backend is tried whatever its state, the attempt is the probe.
                 if pool.of(route.other).has_room:
                     return _FailOver(budgeted=False, dead=True)
-            elif failure.retryable and may_retry and (move := _retry(pool, config, route)):
+            elif (
+                failure.retryable and retry is _Retry.ANY and (move := _retry(pool, config, route))
+            ):
                 return move
             return failure_response(meter, failure, headers)
-        if response.status >= 500 and may_retry and (move := _retry(pool, config, route)):
+        sick = response.status >= 500 and retry is _Retry.ANY
+        if sick and (move := _retry(pool, config, route)):
             response.close()
             pool.report_failure(backend, upstream, "http_5xx")
             return move

@@ -620,6 +620,7 @@ class Figures:
     unloaded_ttft_s: float
     counted_probes: int  # probes whose wait counts (see _wait_counts)
     saturation_probes: int  # of those, sent while a queue was saturated on purpose
+    saturation_sent: int  # probes sent during it, counted or not
     worst_in_saturation: Wait | None
     worst_outside_saturation: Wait | None
     ttft_p50_s: float | None  # all streams' time to first token, for scale
@@ -665,6 +666,9 @@ def summarize(sent: list[Sent], timeline: Timeline, watch: Watch, unloaded_s: fl
         unloaded_ttft_s=unloaded_s,
         counted_probes=len(counted),
         saturation_probes=len(saturated),
+        saturation_sent=sum(
+            s.kind == "probe" and timeline.during("saturate", s.started) for s in sent
+        ),
         worst_in_saturation=_worst(saturated, unloaded_s, watch),
         worst_outside_saturation=_worst(
             [s for s in counted if s not in saturated], unloaded_s, watch
