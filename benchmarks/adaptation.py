@@ -210,6 +210,8 @@ class Outcome:
     regret: float = math.nan  # concurrency 1, over HTTP
     settled: tuple[int, str] | None = None  # (request, the workload that settled last)
     acceptance: dict[Workload, tuple[float, float]] = field(default_factory=dict)
+    first_routes: dict[str, Counter[str]] = field(default_factory=dict)  # per workload, c=1
+    first_regret: dict[str, float] = field(default_factory=dict)  # per workload, c=1
     http: Levels | None = None
     virtual_regret: float = math.nan  # concurrency 1 in virtual time
     virtual: Levels | None = None
@@ -357,6 +359,12 @@ async def run_http(
         )
         out.regret = mean_e2e(ours) / oracle_e2e(base, spec)
         out.settled = settled_after(ours)
+        for name in NAMES:
+            mine = [i for i, r in enumerate(ours) if r.workload == name]
+            out.first_routes[name] = Counter(f"{ours[i].route}/{ours[i].reason}" for i in mine)
+            out.first_regret[name] = mean_e2e([ours[i] for i in mine]) / oracle_e2e(
+                [base[i] for i in mine], [spec[i] for i in mine]
+            )
         truth = true_acceptance(first, spec_cfg, counter)
         learned = cost_model.estimated_acceptance()
         out.acceptance = {w: (learned[w], a) for w, a in truth.items()}
@@ -499,6 +507,10 @@ def print_details(outcomes: Sequence[Outcome]) -> None:
     print(f"\nmisses: {len(missed)} of {len(outcomes)} scenarios")
     for o in missed:
         print(f"  {o.scenario.name}: {'; '.join(o.misses())}")
+        if not o.regret <= REGRET_GOAL:
+            for name, tally in o.first_routes.items():
+                top = ", ".join(f"{k} {n}" for k, n in tally.most_common(3))
+                print(f"    c=1 {name}: regret {o.first_regret[name]:.3f}; {top}")
         for engine, levels in (("http", o.http), ("virtual", o.virtual)):
             if levels is None:
                 continue

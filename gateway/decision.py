@@ -23,12 +23,11 @@ import math
 
 from aiohttp import web
 
-from classifier.features import Endpoint, RequestFeatures, extract_features
+from classifier.features import Endpoint, RequestFeatures
 from classifier.policy import Decision, LiveState, Policy, Route
 from classifier.speculation import acceptance_rate
-from gateway.handlers import _read_json_body
-from gateway.state import BACKENDS, RUNTIME, TOKENS
-from gateway.validation import parse_body
+from gateway.handlers import read_and_analyse
+from gateway.state import BACKENDS, RUNTIME
 
 
 async def chat_completions(request: web.Request) -> web.Response:
@@ -43,9 +42,7 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     app = request.app
     snapshot = app[RUNTIME].current
     config = snapshot.config
-    raw = await _read_json_body(request, config.server.body_read_timeout_s)
-    body = parse_body(raw, endpoint)
-    features = extract_features(body, endpoint, app[TOKENS], config.routing.features)
+    _, _, features = await read_and_analyse(request, endpoint, config)
     state = app[BACKENDS].live_state()
     decision = preview(snapshot.policy, features, state)
     k = config.backends.speculative.num_speculative_tokens

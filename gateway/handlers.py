@@ -60,7 +60,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             raise APIError(
                 503, "the gateway is shutting down", code="draining", headers={"Retry-After": "1"}
             )
-        raw, body, features = await _read_and_analyse(request, endpoint, config)
+        raw, body, features = await read_and_analyse(request, endpoint, config)
         if (recorder := app.get(RECORDER)) is not None:
             recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
         state = app[BACKENDS].live_state()
@@ -98,7 +98,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
                 outcomes.write(line)
 
 
-async def _read_and_analyse(
+async def read_and_analyse(
     request: web.Request, endpoint: Endpoint, config: Config
 ) -> tuple[bytes, dict[str, Any], RequestFeatures]:
     """The body, parsed, validated, and its features.
