@@ -33,7 +33,6 @@ from gateway.scraper import (
 from gateway.telemetry import Metrics
 
 log = structlog.get_logger("specroute.backends")
-_MIN_CAPACITY = 8  # smaller "capacities" are requests caught between two engine steps
 
 
 @dataclass(slots=True)
@@ -52,10 +51,6 @@ class Upstream:
     acceptance: Acceptance | None = None  # over the last scrape window with drafts
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic time; passive ejection keeps it out till then
-    # The most it was seen running while requests waited (vLLM's max_num_seqs or
-    # its KV limit): past it, the gateway's own count says a new request would
-    # queue, without waiting up to a scrape interval for num_requests_waiting.
-    capacity: int | None = None
     # When the requests sent here were decoding, for the counter attribution.
     decode_log: DecodeLog = field(default_factory=DecodeLog)
 
@@ -116,13 +111,12 @@ class Backend:
         running = [s.running for s in scrapes if s.running is not None]
         waiting = [s.waiting for s in scrapes if s.waiting is not None]
         kv = [s.kv_usage for s in scrapes if s.kv_usage is not None]
-        over = sum(max(0, u.inflight - u.capacity) for u in self.upstreams if u.capacity)
         return BackendState(
             inflight=self.inflight,
             prefill_tokens=self.prefill_tokens(),
             healthy=self.healthy,
             running=int(sum(running)) if running else None,
-            waiting=max(int(sum(waiting)), over) if waiting else (over or None),
+            waiting=int(sum(waiting)) if waiting else None,
             kv_cache_usage=max(kv) if kv else None,
         )
 
@@ -324,9 +318,6 @@ class BackendPool:
                 backend.route.value, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
             )
             upstream.scrape = scrape
-            # A queue beside a big batch, not a request caught between two steps.
-            if (scrape.waiting or 0) >= 2 and (scrape.running or 0) >= _MIN_CAPACITY:
-                upstream.capacity = max(upstream.capacity or 0, int(scrape.running or 0))
         for backend in self:
             self._export(backend)
 

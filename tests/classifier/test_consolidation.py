@@ -179,10 +179,16 @@ def test_a_queue_on_the_carrier_sends_the_request_to_the_server_with_room() -> N
     assert policy.decide(f, full_kv).route is Route.BASELINE
     # a queue on the speculative server too: nowhere better to go
     both_queued = LiveState(
-        BackendState(inflight=4, running=4, waiting=3),
+        BackendState(inflight=4, running=4, waiting=6),
         BackendState(inflight=100, running=32, waiting=68),
     )
     assert policy.decide(f, both_queued).reason != "avoid-queue"
+    # a few waiting beside a busy batch (arrived mid-step) is no queue: the batch stays
+    transient = LiveState(
+        BackendState(inflight=0, running=0, waiting=0),
+        BackendState(inflight=8, running=8, waiting=2),
+    )
+    assert policy.decide(f, transient).reason != "avoid-queue"
 
 
 def test_an_unmeasured_load_follows_the_prediction_for_the_batch() -> None:
