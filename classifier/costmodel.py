@@ -312,7 +312,7 @@ class CostModelPolicy:
         if (guard := self._guards.reason(state.speculative)) is not None:
             route, reason = BASE, guard
         elif gpu_busy:
-            route, reason = self._consolidate(inflight, self._lean(features, state))
+            route, reason = self._consolidate(inflight, self._lean(loads, state, features.n))
             # A probe tells only beside a batch of 2 or more (the two hypotheses differ).
             testable = inflight[route] >= 2 and self._has_room(route.other, state)
             if testable and self._topology.probe_now():
@@ -351,7 +351,7 @@ class CostModelPolicy:
         allowed = frozenset((SPEC, BASE) if total <= self._guards.spec_max_inflight else (BASE,))
         return self._consolidation.update(inflight, allowed, lean), "consolidate"
 
-    def _lean(self, f: RequestFeatures, state: LiveState) -> Route:
+    def _lean(self, loads: dict[Route, RouteLoad], state: LiveState, n: int) -> Route:
         """Which server the cost model predicts faster for the whole batch in flight.
 
         Each request under load is predicted on both servers as if the whole
@@ -359,15 +359,13 @@ class CostModelPolicy:
         log ratio is the traffic's lean. Consolidation follows it wherever it
         has no measurements yet, instead of a fixed first carrier.
         """
-        total = state.speculative.load + state.baseline.load + max(f.n, 1)
-        out = self._outputs.predict(f)
-        tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
+        total = state.speculative.load + state.baseline.load + max(n, 1)
         whole = {
             route: self._latency.predict(
                 route,
-                RouteLoad(f.prompt_tokens, out, total, 0, tps if route is SPEC else 1.0),
+                replace(load, batch=total, waiting=0, other_batch=0, prefill_ahead=0),
             )
-            for route in (SPEC, BASE)
+            for route, load in loads.items()
         }
         if whole[SPEC] > 0 and whole[BASE] > 0:
             ratio = math.log(whole[SPEC] / whole[BASE])

@@ -259,8 +259,11 @@ class BackendPool:
                     if u.reachable and not u.healthy:
                         u.healthy, u.ejected_until, u.consecutive_failures = True, 0.0, 0
                         log.warning("backend_readmitted", backend=other.route.value)
-        for b in self:
-            self._metrics.backend_up.labels(b.route.value).set(int(b.healthy))
+        self._export_up()
+
+    def _export_up(self) -> None:
+        for backend in self:
+            self._metrics.backend_up.labels(backend.route.value).set(int(backend.healthy))
 
     def _healthy_count(self) -> int:
         return sum(u.healthy for b in self for u in b.upstreams)
@@ -295,8 +298,7 @@ class BackendPool:
             if ok != upstream.healthy:
                 log.info("backend_health_changed", backend=backend.route.value, healthy=ok)
             upstream.healthy = ok
-        for backend in self:
-            self._metrics.backend_up.labels(backend.route.value).set(int(backend.healthy))
+        self._export_up()
         self.probed = True
         return any(b.healthy for b in self)
 

@@ -45,7 +45,7 @@ class Routed:
 
 @dataclass(frozen=True, slots=True)
 class _FailOver:
-    """Returned by the first attempt when the other backend should answer.
+    """Returned by an attempt when the other backend should answer.
 
     budgeted: the move took a slot of the retry budget (a sick backend's 5xx
     or timeout). Moving away from a backend that refused the connection is
@@ -68,9 +68,7 @@ async def dispatch(
     first_dead = False
     try:
         for attempt in range(_ATTEMPTS):
-            retry = _Retry.ANY if attempt == 0 else _Retry.NONE
-            if attempt == 1:
-                retry = _Retry.ANY if first_dead else _Retry.WHEN_DEAD
+            retry = _retry_mode(attempt, first_dead)
             answer = await _attempt(request, routed, life, config, route, retry)
             if isinstance(answer, web.StreamResponse):
                 return answer
@@ -82,6 +80,14 @@ async def dispatch(
         for _ in range(budget_slots):
             pool.release_retry()
     raise AssertionError("the last attempt always answers")  # pragma: no cover
+
+
+def _retry_mode(attempt: int, first_dead: bool) -> _Retry:
+    """The first attempt may hand on any failure; the second, any if the first backend
+    was down, else only its own death; the third answers whatever happens."""
+    if attempt == 0 or (attempt == 1 and first_dead):
+        return _Retry.ANY
+    return _Retry.WHEN_DEAD if attempt == 1 else _Retry.NONE
 
 
 class _Retry(enum.Enum):

@@ -108,21 +108,20 @@ async def read_and_analyse(
     a thread: a flood of them waits in TCP's flow control, not in this process, and
     the event loop (and /health) keeps most of it.
     """
-    timeout_s, tokens, options = (
-        config.server.body_read_timeout_s,
-        request.app[TOKENS],
-        config.routing.features,
-    )
-    declared = request.content_length or 0
-    if declared < _BIG_BODY:
+    app, timeout_s = request.app, config.server.body_read_timeout_s
+    # A small declared body is read now; a big one (declared, or chunked and found
+    # big once read) waits for the budget first.
+    raw = b""
+    if (request.content_length or 0) < _BIG_BODY:
         raw = await _read_json_body(request, timeout_s)
         if len(raw) < _BIG_BODY:
-            return raw, *_analyse(raw, endpoint, tokens, options)
-    await request.app[BIG_BODY_RATE].take(declared or len(raw))
-    async with request.app[BIG_BODIES]:
-        if declared >= _BIG_BODY:
-            raw = await _read_json_body(request, timeout_s)
-        body, features = await asyncio.to_thread(_analyse, raw, endpoint, tokens, options)
+            return raw, *_analyse(raw, endpoint, app[TOKENS], config.routing.features)
+    await app[BIG_BODY_RATE].take(len(raw) or request.content_length or 0)
+    async with app[BIG_BODIES]:
+        raw = raw or await _read_json_body(request, timeout_s)
+        body, features = await asyncio.to_thread(
+            _analyse, raw, endpoint, app[TOKENS], config.routing.features
+        )
     return raw, body, features
 
 

@@ -5,26 +5,16 @@ CI machine say nothing about speed (the README has the full table)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from benchrun import run_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ("default", "inverted", "non-stream")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_adaptation_benchmark_smoke() -> None:
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/adaptation.py", "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = run_benchmark("adaptation.py", "--smoke", timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "EMULATED" in out and "NOT GPU measurements" in out

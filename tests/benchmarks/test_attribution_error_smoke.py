@@ -3,28 +3,12 @@ is asserted: a handful of requests on a shared CI machine says little)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchrun import run_benchmark
 
 
 def test_attribution_error_benchmark_smoke() -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/attribution_error.py",
-            "--smoke",
-            "--concurrency",
-            "1",
-            "--per-workload",
-            "2",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
+    proc = run_benchmark(
+        "attribution_error.py", "--smoke", "--concurrency", "1", "--per-workload", "2", timeout=110
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout

@@ -3,24 +3,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchrun import run_benchmark
 
 
 @pytest.mark.parametrize("gpus", ["1", "2"])
 def test_policy_vs_oracle_benchmark_smoke(gpus: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/policy_vs_oracle.py", "--smoke", "--gpus", gpus],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_benchmark("policy_vs_oracle.py", "--smoke", "--gpus", gpus, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "EMULATED" in out and ("ONE GPU" if gpus == "1" else "a GPU per server") in out

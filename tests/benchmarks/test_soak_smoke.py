@@ -4,21 +4,12 @@ stream without [DONE], flat tasks and RSS, no ResourceWarning."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchrun import run_benchmark
 
 
 def test_soak_smoke() -> None:
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/soak.py", "--duration", "20", "--concurrency", "8"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
+    proc = run_benchmark("soak.py", "--duration", "20", "--concurrency", "8", timeout=110)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert summary["ok"] and summary["failed"] == 0 and summary["bad_streams"] == 0
