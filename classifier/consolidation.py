@@ -22,12 +22,13 @@ was still the target count: the others ran beside a split and measure that,
 not the route. Measurements decay, so the first completions after a switch,
 which are the short requests, weigh little by the time a trial is judged.
 
-Until the target has been measured at this load, the cost model's prediction
-for the whole batch picks the carrier (`lean`). Then a route not measured at
-this load for retry_after decisions gets a trial: the target switches to it
-for trial_length decisions, after which the smaller
-measured latency per unit of work wins, by a margin against flapping and no
-sooner than `dwell` decisions after the last switch made on measurements. The
+Until both routes have been measured on _MIN_SAMPLES requests at this load,
+the cost model's prediction for the whole batch picks the carrier (`lean`). A
+route not measured at this load while the carrier is gets a trial (at most
+one per retry_after decisions): the target switches to it for trial_length
+decisions, after which the smaller measured latency per unit of work wins, by
+a margin against flapping and no sooner than `dwell` decisions after the last
+switch made on measurements. The
 target changes only while the other server is idle (switching while both hold
 requests is the split this exists to avoid); the old one then drains.
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from classifier.policy import Route
 
@@ -79,6 +81,7 @@ class ConsolidationTarget:
         "_switched_at",
         "_target",
         "_trial_length",
+        "_tried_at",
         "trials",
     )
 
@@ -110,6 +113,7 @@ class ConsolidationTarget:
         self._target = initial
         self._load = 0.0  # 0: no decision under load yet
         self._ignored = 0  # completions still to leave out (they ran beside a probe)
+        self._tried_at: dict[int, int] = {}  # load bucket -> decision count of its last trial
         self.trials = 0
 
     @property
@@ -180,21 +184,23 @@ class ConsolidationTarget:
             follow = other in allowed and not self._slower(other, target, batch)
             if inflight[target] == 0 and follow:
                 self._target = other
+                self._hold_until = 0  # a trial the choice ended is over
             else:
                 self._draining = True
             return self._target
         if self._decisions < self._hold_until or self._draining or other not in allowed:
             return self._target
-        theirs = self._measured.get((other, _octave(batch)))
-        if theirs is None or self._decisions - theirs.last > self._retry_after:
-            mine = self._measured.get((target, _octave(batch)))
-            if mine is None or mine.count < _MIN_SAMPLES:
-                # Nothing measured to compare a trial with: the prediction decides.
-                if lean is other:
-                    self._switch(0)
-                return self._target
-            self._switch(self._trial_length)
-            self.trials += 1
+        bucket = _octave(batch)
+        theirs = self._measured.get((other, bucket))
+        if not _enough(theirs) or self._decisions - theirs.last > self._retry_after:
+            # Nothing to compare with: the prediction for the batch decides. A few
+            # stray measurements of the other route (a ramp, a lull) are not a
+            # comparison: counted as one, they kept a carrier the lean had ruled out.
+            if lean is other:
+                self._switch(0)
+            elif _enough(self._measured.get((target, bucket))) and self._trial_due(bucket):
+                self._switch(self._trial_length)
+                self.trials += 1
             return self._target
         if self._decisions - self._switched_at < self._dwell:
             return self._target
@@ -203,11 +209,20 @@ class ConsolidationTarget:
             self._switched_at = self._decisions
         return self._target
 
+    def _trial_due(self, bucket: int) -> bool:
+        """No trial at this load for retry_after decisions (then one starts now)."""
+        if self._decisions - self._tried_at.get(bucket, -self._retry_after - 1) <= (
+            self._retry_after
+        ):
+            return False
+        self._tried_at[bucket] = self._decisions
+        return True
+
     def _slower(self, route: Route, than: Route, batch: int) -> bool:
         """Both measured enough at this load, and `route` slower by more than the margin."""
         mine = self._measured.get((route, _octave(batch)))
         theirs = self._measured.get((than, _octave(batch)))
-        if mine is None or theirs is None or min(mine.count, theirs.count) < _MIN_SAMPLES:
+        if not (_enough(mine) and _enough(theirs)):
             return False
         return theirs.per_unit() < (1.0 - self._margin) * mine.per_unit()
 
@@ -215,6 +230,11 @@ class ConsolidationTarget:
         self._target = self._target.other
         self._hold_until = self._decisions + hold
         self._draining = True  # until the old target is seen idle
+
+
+def _enough(m: _Measured | None) -> TypeGuard[_Measured]:
+    """Measured on enough requests at that load to be compared."""
+    return m is not None and m.count >= _MIN_SAMPLES
 
 
 def _octave(batch: int) -> int:

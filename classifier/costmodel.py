@@ -101,7 +101,6 @@ _EXPLORE_BURST = 5
 _EXPLORE_FULL = 20.0
 _EXPLORE_MAX_SHARE = 0.5
 _ERROR_DECAY = 0.98  # prediction error EWMA: about the last 50 requests
-_LEAN_SMOOTHING = 0.1  # the batch's lean: about the last 10 decisions under load
 
 
 @dataclass(slots=True)
@@ -251,7 +250,7 @@ class CostModelPolicy:
         self._unit = LatencyModel(config.latency, k, config.draft_cost_ratio)
         self._acceptance = AcceptanceEstimator(config.acceptance, k, model)
         self._topology = TopologyDetector(config.shared_gpu)
-        self._batch_lean = 0.0  # EWMA of log(spec / base) predicted for the batch under load
+        self._batch_lean = 0.0  # running mean of log(spec / base) predicted for the batch
         self._outputs = OutputLengthModel()
         self._consolidation = ConsolidationTarget(config.consolidate_margin)
         self._rng = random.Random(config.seed)
@@ -357,7 +356,10 @@ class CostModelPolicy:
         Each request under load is predicted on both servers as if the whole
         batch (everything in flight, and it) ran there; the running mean of the
         log ratio is the traffic's lean. Consolidation follows it wherever it
-        has no measurements yet, instead of a fixed first carrier.
+        has no measurements yet, instead of a fixed first carrier. The mean runs
+        over about as many decisions as there are requests in flight, i.e. over
+        the batch itself: over the last 10 decisions, it kept creative text on
+        the speculative server through a whole burst after structured output.
         """
         total = state.speculative.load + state.baseline.load + max(n, 1)
         whole = {
@@ -369,7 +371,7 @@ class CostModelPolicy:
         }
         if whole[SPEC] > 0 and whole[BASE] > 0:
             ratio = math.log(whole[SPEC] / whole[BASE])
-            self._batch_lean += _LEAN_SMOOTHING * (ratio - self._batch_lean)
+            self._batch_lean += (ratio - self._batch_lean) / total
         return SPEC if self._batch_lean < 0 else BASE
 
     def _cost(

@@ -49,11 +49,22 @@ class BackendState:
     # serves prompts in arrival order). Non-streamed requests are not counted
     # (their first token is not seen), so this is a lower bound.
     prefill_tokens: int = 0
+    # Requests there that the gateway did not send (other clients), as of the last
+    # scrape: the server's running + waiting then, less the gateway's in-flight
+    # count then. None: not known that way (a bare snapshot).
+    others: int | None = None
 
     @property
     def load(self) -> int:
-        """Requests in flight there: the gateway's count or the server's own, the higher
-        (other clients may use it too; a scrape may be an interval old)."""
+        """Requests in flight there: the gateway's own (exact, live) plus other clients'.
+
+        Without `others`, the gateway's count or the server's running, the higher.
+        The server's count alone is a scrape old: it said 2 running on a server the
+        gateway had just seen finish both, and the cost model sent creative text
+        to the speculative server because the baseline "had" a batch.
+        """
+        if self.others is not None:
+            return self.inflight + self.others
         return max(self.inflight, self.running or 0)
 
 

@@ -48,6 +48,7 @@ class Upstream:
     # fallback of last resort, never a reason to answer 502.
     reachable: bool = True
     scrape: Scrape | None = None
+    inflight_at_scrape: int = 0  # our in-flight count when that scrape came in
     acceptance: Acceptance | None = None  # over the last scrape window with drafts
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic time; passive ejection keeps it out till then
@@ -108,6 +109,8 @@ class Backend:
     def state(self, max_age_s: float = float("inf")) -> BackendState:
         """Live state for the router; scraped figures older than max_age_s are unknown."""
         scrapes = fresh((u.scrape for u in self.upstreams), max_age_s)
+        others = [_others(u) for u in self.upstreams if any(u.scrape is s for s in scrapes)]
+        known = [n for n in others if n is not None]
         running = [s.running for s in scrapes if s.running is not None]
         waiting = [s.waiting for s in scrapes if s.waiting is not None]
         kv = [s.kv_usage for s in scrapes if s.kv_usage is not None]
@@ -118,7 +121,16 @@ class Backend:
             running=int(sum(running)) if running else None,
             waiting=int(sum(waiting)) if waiting else None,
             kv_cache_usage=max(kv) if kv else None,
+            others=sum(known) if known else None,
         )
+
+
+def _others(upstream: Upstream) -> int | None:
+    """Requests at the server that the gateway did not send, as of its last scrape."""
+    scrape = upstream.scrape
+    if scrape is None or scrape.running is None:
+        return None
+    return max(0, round(scrape.running + (scrape.waiting or 0)) - upstream.inflight_at_scrape)
 
 
 class BackendPool:
@@ -320,6 +332,7 @@ class BackendPool:
                 backend.route.value, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
             )
             upstream.scrape = scrape
+            upstream.inflight_at_scrape = upstream.inflight
         for backend in self:
             self._export(backend)
 

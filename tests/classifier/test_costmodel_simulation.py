@@ -93,7 +93,7 @@ def test_exploration_finds_a_workload_its_prior_sends_to_baseline() -> None:
     # At first baseline, as the wrong prior says, until exploration sends code to the
     # speculative server and measures it there.
     code = [s for s in served if s.features.workload is Workload.CODE]
-    assert [s.route for s in code[:4]] == [BASE] * 4
+    assert [s.route for s in code[:3]] == [BASE] * 3
     first = next(s for s in code if s.route is SPEC)
     assert first.reason == "explore"
     assert policy.estimated_acceptance()[Workload.CODE] == pytest.approx(
