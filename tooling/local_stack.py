@@ -3,6 +3,14 @@
 Used by `specroute demo`, `specroute serve --emulate` and the benchmarks: the
 same app factories as production, run under AppRunner with handler
 cancellation on, on 127.0.0.1 ephemeral ports.
+
+`with_dynamic=True` also starts the single-server alternative to the whole
+stack: one emulated vLLM with dynamic speculative decoding (K per batch size,
+vLLM's num_speculative_tokens_per_batch_size), on an emulated GPU of its own
+and behind no gateway, so a bench can compare it with the pair and the gateway.
+Same model, seed and knobs as the speculative server; the emulator does not
+model GPU memory shares, so every server, the dynamic one included, has the
+default KV cache.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import Config, parse_config
 from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
+from tooling.emulator.dynamic import Schedule
 
 MODEL = "emulated-model"
 
@@ -33,6 +42,8 @@ class LocalStack:
     gateway: str
     emulator: EmulatorConfig  # the speculative one's knobs (k, c) as the gateway was told
     gpus: int  # 1: both servers share one emulated GPU (as deployed); 2: one each
+    dynamic: str | None = None  # with_dynamic: one dynamic-SD server, its own GPU, no gateway
+    dynamic_emulator: EmulatorConfig | None = None  # its knobs, the K schedule included
 
 
 async def serve_app(
@@ -93,12 +104,18 @@ async def local_stack(
     gateway_host: str = "127.0.0.1",
     gateway_port: int = 0,
     gpus: int = 1,
+    with_dynamic: bool = False,
+    dynamic_schedule: Schedule | None = None,
     **gateway_overrides: Any,
 ) -> AsyncIterator[LocalStack]:
     """gpus=2 gives each server its own emulated GPU (a host with two; the cost
-    model is told so), to compare with the deployment in deploy/, which is one."""
+    model is told so), to compare with the deployment in deploy/, which is one.
+    with_dynamic adds a dynamic-SD server (dynamic_schedule: its K per batch size,
+    as vLLM's num_speculative_tokens_per_batch_size; None: the emulator's default)."""
     if gpus not in (1, 2):
         raise ValueError(f"local_stack: gpus is 1 or 2, not {gpus}")
+    if dynamic_schedule is not None and not with_dynamic:
+        raise ValueError("local_stack: dynamic_schedule needs with_dynamic=True")
     spec_cfg = EmulatorConfig(
         mode="speculative",
         model=MODEL,
@@ -120,7 +137,14 @@ async def local_stack(
             create_app(config, tokens=tokens), gateway_host, gateway_port
         )
         runners.append(gw_runner)
-        yield LocalStack(spec_url, base_url, gw_url, spec_cfg, gpus)
+        dyn_url, dyn_cfg = None, None
+        if with_dynamic:
+            dyn_cfg = replace(
+                spec_cfg, mode="dynamic", num_speculative_tokens_per_batch_size=dynamic_schedule
+            )
+            dyn_runner, dyn_url = await serve_app(create_emulator_app(dyn_cfg, SharedGpu()))
+            runners.append(dyn_runner)
+        yield LocalStack(spec_url, base_url, gw_url, spec_cfg, gpus, dyn_url, dyn_cfg)
     finally:
         for runner in reversed(runners):
             await runner.cleanup()

@@ -1,9 +1,10 @@
 """`specroute bench` end to end on EMULATED backends, then `specroute advise` on its JSON.
 
 One short run (three workloads, two concurrencies, four requests per cell and
-target) through the real CLI: emulators and gateway on loopback, the JSON,
-the PNG and the table checked; then advise reads the JSON back (in-process:
-advise configures nothing global).
+target) through the real CLI: emulators and gateway on loopback, plus the
+single-server alternative (`--with-dynamic`: one emulated vLLM with dynamic
+speculative decoding), the JSON, the PNG and the table checked; then advise
+reads the JSON back (in-process: advise configures nothing global).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ WORKLOADS = ["structured", "creative", "rag"]
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
     """The real command line, in a subprocess (it configures logging for its process)."""
     out = tmp_path_factory.mktemp("bench")
-    args = ["bench", "--emulate", "--emulator-time-scale", "0.25"]
+    args = ["bench", "--emulate", "--emulator-time-scale", "0.25", "--with-dynamic"]
     args += ["--workload", ",".join(WORKLOADS), "--concurrency", "1,4", "--requests", "4"]
     args += ["--json", str(out / "bench.json"), "--plot", str(out / "bench.png")]
     res = subprocess.run(
@@ -43,6 +44,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "[bench EMULATED] c=4 rag -> gateway: 4/4 ok" in res.stderr  # one line per run
+    assert "[bench EMULATED] c=4 rag -> dynamic: 4/4 ok" in res.stderr
+    assert "target dynamic is EMULATED: dynamic speculative decoding" in res.stderr
     return json.loads((out / "bench.json").read_text()), res.stdout, out
 
 
@@ -53,8 +56,10 @@ def test_the_json_has_every_row_paired_and_the_regret(
     assert doc["schema"] == "specroute-bench/1" and doc["complete"] is True
     assert doc["emulated"] is True
     assert doc["mode"] == "concurrency" and doc["concurrency"] == [1, 4]
-    assert set(doc["targets"]) == {"baseline", "speculative", "gateway"}
+    assert list(doc["targets"]) == ["baseline", "speculative", "dynamic", "gateway"]
     assert doc["targets"]["speculative"]["kind"] == "emulated vllm"
+    assert doc["targets"]["dynamic"]["kind"] == "emulated vllm"
+    assert doc["targets"]["dynamic"]["engine"].startswith("mode dynamic, K per batch size [[1, ")
     assert doc["targets"]["gateway"]["kind"] == "specroute gateway"
     assert all(t["emulated"] and t["model"] == "emulated-model" for t in doc["targets"].values())
     assert [(r["load"]["label"], r["workload"]) for r in doc["rows"]] == [
@@ -65,13 +70,18 @@ def test_the_json_has_every_row_paired_and_the_regret(
             assert stats["n"] == stats["ok"] == (4 if row["workload"] != "all" else 12)
             assert stats["e2e_p50_s"] > 0 and stats["ttft_p50_s"] > 0 and stats["tpot_p50_s"] > 0
             assert stats["output_tokens_per_s"] > 0
-        assert set(row["speedup"]) == {"speculative", "gateway"}
+        assert set(row["speedup"]) == {"speculative", "dynamic", "gateway"}
         assert row["regret"] is not None and row["regret"] > 0.5
         assert row["oracle_e2e_mean_s"] > 0
+        # The dynamic server against the same oracle and against the gateway.
+        assert 0.5 < row["dynamic_regret"] < 3 and 0.3 < row["gateway_vs_dynamic"] < 3
         acc = row["acceptance"]
-        # vLLM's counters (delta over the run) and the per-request metrics agree.
+        # vLLM's counters (delta over the run) and the per-request metrics agree, for the
+        # speculative server and for the dynamic one (read from its own /metrics).
         assert acc["counters"] == pytest.approx(acc["per_request"], abs=0.02)
+        assert acc["dynamic_counters"] == pytest.approx(acc["dynamic_per_request"], abs=0.02)
     assert isinstance(doc["regret"], float) and 0.5 < doc["regret"] < 2.0
+    assert isinstance(doc["gateway_vs_dynamic"], float) and isinstance(doc["dynamic_regret"], float)
     structured = next(r for r in doc["rows"] if r["workload"] == "structured")
     creative = next(r for r in doc["rows"] if r["workload"] == "creative")
     assert structured["acceptance"]["counters"] > 0.4 > creative["acceptance"]["counters"]
@@ -95,6 +105,15 @@ def test_the_table_says_emulated_and_prints_the_regret(
     for workload in [*WORKLOADS, "all"]:
         assert f"\n{workload} " in text
     assert "gateway/oracle regret over the whole run: " in text
+    # The dynamic server side by side: its column in every section, gw/dyn, and the
+    # comparison with the oracle.
+    lines = text.splitlines()
+    columns = next(line for line in lines if line.split()[:2] == ["workload", "n"])
+    assert columns.split()[2:6] == ["base", "spec", "dyn", "gw"]
+    assert "gw/dyn" in next(line for line in lines if "e2e p50 (s)" in line)
+    assert "the gateway vs one server with dynamic speculative decoding" in text
+    assert any(line.startswith("c=4     all ") for line in lines)
+    assert "gateway/dynamic over the whole run: " in text
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
     assert (out / "bench.png").stat().st_size > 20_000  # a real figure, not a stub
 
@@ -132,6 +151,9 @@ def test_bench_refuses_bad_flags() -> None:
         (["--emulate", "--workload", "poetry"], "unknown poetry"),
         (["--emulate", "--concurrency", "0"], "must be > 0"),
         ([], "give --target"),
+        (["--with-dynamic", "--target", "baseline=http://h:1"], "needs --emulate"),
+        (["--emulate", "--dynamic-schedule", "[[1, 8, 4]]"], "needs --with-dynamic"),
+        (["--emulate", "--with-dynamic", "--target", "dynamic=http://h:1"], "give one of them"),
     ]:
         with pytest.raises(ConfigError, match=message):
             options(parser.parse_args(argv), argv)

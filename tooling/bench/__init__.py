@@ -1,11 +1,13 @@
 """`specroute bench`: is speculative decoding worth it on this traffic? Measured, side by side.
 
 The same requests go to every target (typically the baseline vLLM, the
-speculative vLLM and the gateway in front of both), one target at a time, at
-each load level; the report pairs them request by request: the speedup of
-each target over the baseline, acceptance from vLLM's counters and from the
-per-request metrics, the per-request oracle (the faster backend) and the
-gateway's regret against it. Outputs: a table on stdout, a progress bar (or
+speculative vLLM and the gateway in front of both; optionally "dynamic", one
+vLLM server with dynamic speculative decoding, the single-server alternative),
+one target at a time, at each load level; the report pairs them request by
+request: the speedup of each target over the baseline, acceptance from vLLM's
+counters and from the per-request metrics, the per-request oracle (the faster
+backend) and the gateway's regret against it, and the gateway against the
+dynamic server. Outputs: a table on stdout, a progress bar (or
 one line per run) on stderr, a JSON document (schema in tooling/bench/report.py)
 and a PNG (tooling/bench/plot.py). Every header says which backends answered,
 and says EMULATED when the emulator did, so its figures are never taken for a
@@ -32,7 +34,7 @@ from tooling.bench.plan import Load, cells, is_file
 from tooling.bench.progress import Progress
 from tooling.bench.report import SCHEMA, header, table
 from tooling.bench.runner import CellRun, result_json, run_cells
-from tooling.bench.stats import SPEC, overall_regret, rows
+from tooling.bench.stats import SPEC, rows, whole_run
 from tooling.bench.targets import TargetInfo, probe
 
 _MAX_CONNECTIONS = 1024
@@ -40,7 +42,7 @@ _MAX_CONNECTIONS = 1024
 
 @dataclass(frozen=True, slots=True)
 class BenchOptions:
-    targets: dict[str, str]  # name -> base URL; baseline/speculative/gateway are special
+    targets: dict[str, str]  # name -> base URL; baseline/speculative/dynamic/gateway are special
     workload: str = "mixed"
     concurrency: list[int] | None = None
     rates: list[float] | None = None
@@ -169,7 +171,7 @@ def _finish(
         "targets": {n: i.to_json() for n, i in targets.items()},
         "rows": per_workload,
         "overall": overall,
-        "regret": overall_regret(done),
+        **_whole_run(done),
         "cells": [_cell_json(c) for c in done],
     }
     failures = sum(not r.ok for c in done for run in c.runs.values() for r in run.results)
@@ -193,6 +195,16 @@ def _finish(
             plot_error = str(exc)
             text += f"\nNO PLOT: {exc}"
     return BenchOutcome(doc, text, failures, plot_error)
+
+
+def _whole_run(done: list[CellRun]) -> dict[str, Any]:
+    """regret (and, with a dynamic target, its two ratios) over every load and workload."""
+    run = whole_run(done)
+    out = {"regret": run.get("regret")}
+    if "gateway_vs_dynamic" in run:
+        out["gateway_vs_dynamic"] = run["gateway_vs_dynamic"]
+        out["dynamic_regret"] = run["dynamic_regret"]
+    return out
 
 
 def _cell_json(c: CellRun) -> dict[str, Any]:

@@ -5,10 +5,15 @@
         [--concurrency 1,4,16 | --rate 2,8 | --replay-timing [--time-scale X]]
         [--requests N] [--duration S] [--json OUT.json] [--plot OUT.png]
     specroute bench --emulate ...      # the three targets on EMULATED backends, in-process
+    specroute bench --emulate --with-dynamic [--dynamic-schedule JSON] ...
+                                       # and a fourth: one EMULATED dynamic-SD server
 
-The target names baseline, speculative and gateway carry meaning (speedups
-are against "baseline", acceptance is read from "speculative", the oracle and
-regret need all three); any other name is benched and compared to the baseline.
+The target names baseline, speculative, gateway and dynamic carry meaning
+(speedups are against "baseline", acceptance is read from "speculative", the
+oracle and regret need the first three; "dynamic", one vLLM server with dynamic
+speculative decoding, is compared with the oracle and the gateway and its
+acceptance is read from its own counters); any other name is benched and
+compared to the baseline.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.config import ConfigError, normalize_backend_url
 from tooling.bench import BenchOptions, BenchOutcome, run_bench
 from tooling.bench.plan import builtin_names, is_file, parse_list
+from tooling.bench.stats import DYNAMIC
+from tooling.emulator.dynamic import Schedule, schedule_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +46,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--emulator-time-scale", type=float, default=1.0, help="with --emulate: time scale"
+    )
+    p.add_argument(
+        "--with-dynamic",
+        action="store_true",
+        help="with --emulate: also bench target 'dynamic', ONE EMULATED vLLM server with "
+        "dynamic speculative decoding (K per batch size) on a GPU of its own, no gateway",
+    )
+    p.add_argument(
+        "--dynamic-schedule",
+        type=schedule_arg,
+        metavar="JSON",
+        help="with --with-dynamic: its num_speculative_tokens_per_batch_size, as vLLM's "
+        "--speculative-config takes it, e.g. '[[1,4,4],[5,16,2],[17,256,0]]' "
+        "(default: the emulator's)",
     )
     p.add_argument(
         "--workload",
@@ -91,6 +113,15 @@ def options(args: argparse.Namespace, argv: list[str]) -> BenchOptions:
         targets[name.strip()] = normalize_backend_url(url.strip(), f"--target {name}")
     if not targets and not args.emulate:
         raise ConfigError("bench: give --target NAME=URL (repeatable) or --emulate")
+    if args.with_dynamic and not args.emulate:
+        raise ConfigError(
+            "--with-dynamic starts an EMULATED dynamic server and needs --emulate "
+            "(a real one: --target dynamic=URL)"
+        )
+    if args.with_dynamic and DYNAMIC in targets:
+        raise ConfigError("--with-dynamic and --target dynamic=URL: give one of them")
+    if args.dynamic_schedule is not None and not args.with_dynamic:
+        raise ConfigError("--dynamic-schedule needs --with-dynamic")
     if not is_file(args.workload):
         try:
             builtin_names(args.workload)
@@ -136,8 +167,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 def main(args: argparse.Namespace, argv: list[str]) -> int:
     """Exit status: 0; 1 if any request failed; 3 if the plot could not be drawn; 130 on ^C."""
     opts = options(args, argv)
+    stack = None
+    if args.emulate:
+        stack = EmulatedStack(args.emulator_time_scale, args.with_dynamic, args.dynamic_schedule)
     try:
-        outcome = asyncio.run(_run(opts, args.emulate, args.emulator_time_scale))
+        outcome = asyncio.run(_run(opts, stack))
     except KeyboardInterrupt:
         print("specroute bench: interrupted", file=sys.stderr)
         return 130
@@ -149,17 +183,36 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     return 3 if outcome.plot_error else 0
 
 
-async def _run(opts: BenchOptions, emulate: bool, time_scale: float) -> BenchOutcome:
-    if not emulate:
+@dataclass(frozen=True, slots=True)
+class EmulatedStack:
+    """--emulate: what to start in-process before the bench."""
+
+    time_scale: float = 1.0
+    with_dynamic: bool = False
+    dynamic_schedule: Schedule | None = None  # None: the emulator's default schedule
+
+
+async def _run(opts: BenchOptions, emulated: EmulatedStack | None) -> BenchOutcome:
+    if emulated is None:
         return await run_bench(opts)
     from dataclasses import replace
 
+    from tooling.emulator.cli import describe_dynamic
     from tooling.local_stack import local_stack
 
-    async with local_stack(time_scale=time_scale) as stack:
-        targets = {
-            "baseline": stack.baseline,
-            "speculative": stack.speculative,
-            "gateway": stack.gateway,
-        }
+    async with local_stack(
+        time_scale=emulated.time_scale,
+        with_dynamic=emulated.with_dynamic,
+        dynamic_schedule=emulated.dynamic_schedule,
+    ) as stack:
+        targets = {"baseline": stack.baseline, "speculative": stack.speculative}
+        if stack.dynamic is not None and stack.dynamic_emulator is not None:
+            targets[DYNAMIC] = stack.dynamic
+            print(
+                "specroute bench: target dynamic is EMULATED: "
+                + describe_dynamic(stack.dynamic_emulator),
+                file=sys.stderr,
+                flush=True,
+            )
+        targets["gateway"] = stack.gateway
         return await run_bench(replace(opts, targets={**targets, **opts.targets}))

@@ -3,7 +3,8 @@
 Four panels, read left to right, top to bottom:
 1. speedup over the baseline per workload (bars per target and load; the
    dashed line at 1.0 is "no gain"): the answer;
-2. draft acceptance per workload and load: the reason;
+2. draft acceptance per workload and load: the reason (and, with a "dynamic"
+   target, the dynamic server's, from its own counters);
 3. e2e latency vs load per target (mean, p95 dotted): where the answer flips;
 4. time per output token vs load per target: decode speed, what speculation
    actually changes.
@@ -16,8 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-COLORS = {"baseline": "#8c8c8c", "speculative": "#e07b39", "gateway": "#2a9d8f"}
-_EXTRA = ("#6a4c93", "#1982c4", "#c0392b")
+COLORS = {
+    "baseline": "#8c8c8c",
+    "speculative": "#e07b39",
+    "gateway": "#2a9d8f",
+    "dynamic": "#1982c4",
+}
+_EXTRA = ("#6a4c93", "#8ac926", "#c0392b")
 _LOAD_ALPHA = (1.0, 0.55, 0.35, 0.22)
 
 
@@ -44,11 +50,15 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     workloads = list(dict.fromkeys(r["workload"] for r in doc["rows"]))
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), dpi=110)
     _speedup(axes[0][0], doc, names, loads, workloads)
-    _acceptance(axes[0][1], doc, loads, workloads)
+    _acceptance(axes[0][1], doc, names, loads, workloads)
     _vs_load(axes[1][0], doc, names, loads, "e2e_mean_s", "e2e_p95_s", "e2e latency (s)")
     _vs_load(axes[1][1], doc, names, loads, "tpot_p50_s", None, "time per output token (ms)")
     title = f"specroute bench: workload {Path(doc['workload']).name}"
-    if doc.get("regret") is not None:
+    if doc.get("gateway_vs_dynamic") is not None:  # shorter, to fit a third figure
+        if doc.get("regret") is not None:
+            title += f"   |   gateway / oracle: {doc['regret']:.3f}"
+        title += f"   |   gateway / dynamic: {doc['gateway_vs_dynamic']:.3f}"
+    elif doc.get("regret") is not None:
         title += f"   |   gateway regret vs per-request oracle: {doc['regret']:.3f}"
     fig.suptitle(title, fontsize=13, fontweight="bold", y=0.985)
     model = next((t["model"] for t in doc["targets"].values() if t.get("model")), "?")
@@ -122,17 +132,24 @@ def _speedup(
     ax.legend(fontsize=8, ncol=2, loc="upper right")
 
 
-def _acceptance(ax: Any, doc: dict[str, Any], loads: list[Any], wl: list[str]) -> None:
+def _acceptance(
+    ax: Any, doc: dict[str, Any], names: list[str], loads: list[Any], wl: list[str]
+) -> None:
     series = []
-    for j, load in enumerate(loads):
-        rows = _rows(doc, load["label"])
-        values = []
-        for w in wl:
-            acc = rows.get(w, {}).get("acceptance", {})
-            values.append(
-                acc.get("counters") if acc.get("counters") is not None else acc.get("per_request")
-            )
-        series.append((load["label"], COLORS["speculative"], _LOAD_ALPHA[j % 4], values))
+    servers = [("speculative", "")] + ([("dynamic", "dynamic_")] if "dynamic" in names else [])
+    for name, prefix in servers:
+        for j, load in enumerate(loads):
+            rows = _rows(doc, load["label"])
+            values = []
+            for w in wl:
+                acc = rows.get(w, {}).get("acceptance", {})
+                counters, per_request = (
+                    acc.get(f"{prefix}counters"),
+                    acc.get(f"{prefix}per_request"),
+                )
+                values.append(counters if counters is not None else per_request)
+            label = load["label"] if len(servers) == 1 else f"{name} {load['label']}"
+            series.append((label, COLORS[name], _LOAD_ALPHA[j % 4], values))
     _bars(ax, wl, series)
     ax.set_ylim(0, 1.05)
     ax.set_title("draft acceptance (accepted / proposed tokens)", fontsize=11)

@@ -16,6 +16,7 @@ JSON schema ("schema": "specroute-bench/1"), everything a later `advise` needs:
       "rows": [ROW...],            # one per (load, workload)
       "overall": [ROW...],         # one per load, workload "all"
       "regret": float | null,      # gateway / oracle mean e2e over the whole run
+      "gateway_vs_dynamic", "dynamic_regret": float | null,  # only with a "dynamic" target
       "cells": [{"load": LOAD, "group": str, "spec_kv_peak": float | null,
                  "runs": {NAME: {"wall_s", "counter_acceptance": ACC | null,
                                  "results": [{"index", "workload", "ok", "status", "e2e_s",
@@ -30,11 +31,17 @@ JSON schema ("schema": "specroute-bench/1"), everything a later `advise` needs:
                                "e2e_p50_s", "e2e_p95_s", "e2e_mean_s", "output_tokens_per_s",
                                "requests_per_s", "prompt_tokens_mean", "prefill_share",
                                "acceptance_per_request", "routes": {route: n} | null}},
-            "acceptance": {"counters", "per_request", "gateway_counters"},  # floats or null
+            "acceptance": {"counters", "per_request", "gateway_counters",  # floats or null
+                           "dynamic_counters"?, "dynamic_per_request"?},
             "spec_kv_peak": float | null,
             "speedup": {NAME: baseline/NAME mean e2e, paired}, "speedup_geomean": {...},
             "oracle_e2e_mean_s": float | null, "regret": float | null,
-            "oracle_agreement": share of gateway routes that were the faster one | null}
+            "oracle_agreement": share of gateway routes that were the faster one | null,
+            "dynamic_regret"?: dynamic / oracle mean e2e | null,
+            "gateway_vs_dynamic"?: gateway / dynamic mean e2e | null}
+    ("?": only when a target is named "dynamic": one server with dynamic speculative
+    decoding, benched beside the pair it would replace; the oracle stays the faster of
+    baseline and speculative per request.)
 
 Definitions: tooling/bench/stats.py.
 """
@@ -43,7 +50,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tooling.bench.stats import BASE, GATEWAY, SPEC
+from tooling.bench.stats import BASE, DYNAMIC, GATEWAY, SPEC
 
 SCHEMA = "specroute-bench/1"
 EMULATED_NOTE = (
@@ -62,6 +69,8 @@ def header(doc: dict[str, Any]) -> str:
         if info["kind"] == "specroute gateway":
             kind += " (over EMULATED backends)" if info["emulated"] else ""
         extra = [f"model {info['model'] or '?'}"]
+        if info.get("engine"):
+            extra.append(info["engine"])
         if info.get("version"):
             extra.append(f"version {info['version']}")
         extra += info.get("problems") or []
@@ -97,21 +106,29 @@ def _x(value: float | None, width: int = 7) -> str:
 
 
 def table(doc: dict[str, Any]) -> str:
-    """Per load: one line per workload and an `all` line; the paired figures at the right."""
+    """Per load: one line per workload and an `all` line; the paired figures at the right.
+
+    With a "dynamic" target, its acceptance and gateway/dynamic join each line, and a
+    second table sets mean e2e of every target beside the oracle's.
+    """
     names = list(doc["targets"])
-    short = {BASE: "base", SPEC: "spec", GATEWAY: "gw"}
+    dynamic = DYNAMIC in names
     others = [n for n in names if n != BASE]
-    cols = "".join(f"{short.get(n, n[:5]):>{W}}" for n in names)
+    cols = "".join(f"{_short(n):>{W}}" for n in names)
     span = W * len(names)
+    accept, accept_cols = (f"{'accept':^17}", f"{'ctr':>5} {'req':>5} {'dyn':>5}")
+    if not dynamic:
+        accept, accept_cols = f"{'accept':^11}", f"{'ctr':>5} {'req':>5}"
+    gw_dyn = f" {'gw/dyn':>6}" if dynamic else ""
     first = (
         f"{'':<17} {'e2e p50 (s)':^{span}} {'TTFT p50 (ms)':^{span}} "
-        f"{'TPOT p50 (ms)':^{span}} {'out tok/s':^{span}} {'accept':^11} "
-        f"{'speedup':^{7 * len(others)}} {'regret':>6}  gw routes"
+        f"{'TPOT p50 (ms)':^{span}} {'out tok/s':^{span}} {accept} "
+        f"{'speedup':^{7 * len(others)}} {'regret':>6}{gw_dyn}  gw routes"
     )
     second = (
-        f"{'workload':<13}{'n':>4} {cols} {cols} {cols} {cols} {'ctr':>5} {'req':>5} "
-        + "".join(f"{short.get(n, n[:5]):>7}" for n in others)
-        + f" {'':>6}  {'spec/base'}"
+        f"{'workload':<13}{'n':>4} {cols} {cols} {cols} {cols} {accept_cols} "
+        + "".join(f"{_short(n):>7}" for n in others)
+        + f" {'':>6}{' ' * len(gw_dyn)}  {'spec/base'}"
     )
     out = []
     for overall in doc["overall"]:
@@ -128,12 +145,24 @@ def table(doc: dict[str, Any]) -> str:
     out.append(
         "regret = gateway mean e2e / oracle mean e2e (oracle: the faster backend per request)"
     )
+    if dynamic:
+        out.append(
+            "dynamic = ONE vLLM server with dynamic speculative decoding (K per batch size), "
+            "on its own GPU; dyn = its counters' acceptance; gw/dyn = gateway mean e2e / "
+            "dynamic mean e2e, paired (< 1: the gateway is faster)"
+        )
     if any(s["errors"] for r in doc["overall"] for s in r["targets"].values()):
         out.append("n!E: n requests, E of them failed (their errors are in the JSON)")
     regret = doc.get("regret")
     if regret is not None:
         out.append(f"gateway/oracle regret over the whole run: {regret:.3f}")
+    if dynamic:
+        out += ["", *versus_dynamic(doc)]
     return "\n".join(out)
+
+
+def _short(name: str) -> str:
+    return {BASE: "base", SPEC: "spec", GATEWAY: "gw", DYNAMIC: "dyn"}.get(name, name[:5])
 
 
 def _line(row: dict[str, Any], names: list[str], others: list[str]) -> str:
@@ -145,12 +174,42 @@ def _line(row: dict[str, Any], names: list[str], others: list[str]) -> str:
     tpot = "".join(_f(t[x]["tpot_p50_s"], ".1f", scale=1000) for x in names)
     tps = "".join(_f(t[x]["output_tokens_per_s"], ".0f") for x in names)
     acc = row["acceptance"]
+    accept = f"{_f(acc['counters'], '.2f', 5)} {_f(acc['per_request'], '.2f', 5)}"
+    if DYNAMIC in t:
+        accept += f" {_f(acc.get('dynamic_counters'), '.2f', 5)}"
     speed = "".join(_x(row["speedup"].get(x)) for x in others)
+    gw_dyn = _f(row.get("gateway_vs_dynamic"), ".3f", 7) if DYNAMIC in t else ""
     routes = (t.get(GATEWAY) or {}).get("routes") or {}
     route = f"{routes.get(SPEC, 0)}/{routes.get(BASE, 0)}" if GATEWAY in t else ""
     count = f"{n}" if not errors else f"{n}!{errors}"
     return (
-        f"{row['workload']:<13}{count:>4} {e2e} {ttft} {tpot} {tps} "
-        f"{_f(acc['counters'], '.2f', 5)} {_f(acc['per_request'], '.2f', 5)} {speed} "
-        f"{_f(row['regret'], '.3f')}  {route}"
+        f"{row['workload']:<13}{count:>4} {e2e} {ttft} {tpot} {tps} {accept} {speed} "
+        f"{_f(row['regret'], '.3f')}{gw_dyn}  {route}"
     )
+
+
+def versus_dynamic(doc: dict[str, Any]) -> list[str]:
+    """Mean e2e of every target beside the oracle's, and the ratios that compare them."""
+    names = [n for n in (BASE, SPEC, DYNAMIC, GATEWAY) if n in doc["targets"]]
+    cols = "".join(f"{_short(n):>{W + 1}}" for n in names)
+    out = [
+        "the gateway vs one server with dynamic speculative decoding (mean e2e, s; "
+        "oracle = faster of baseline and speculative per request)",
+        f"{'load':<8}{'workload':<12}{'n':>4} {cols} {'oracle':>7} "
+        f"{'dyn/orc':>8} {'gw/orc':>7} {'gw/dyn':>7}",
+    ]
+    for overall in doc["overall"]:
+        label = overall["load"]["label"]
+        for row in [r for r in doc["rows"] if r["load"]["label"] == label] + [overall]:
+            t = row["targets"]
+            means = "".join(_f(t[x]["e2e_mean_s"], ".3f", W + 1) for x in names)
+            out.append(
+                f"{label:<8}{row['workload']:<12}{t[names[0]]['n']:>4} {means} "
+                f"{_f(row['oracle_e2e_mean_s'], '.3f', 7)} "
+                f"{_f(row.get('dynamic_regret'), '.3f', 8)} {_f(row['regret'], '.3f', 7)} "
+                f"{_f(row.get('gateway_vs_dynamic'), '.3f', 7)}"
+            )
+    whole = doc.get("gateway_vs_dynamic")
+    if whole is not None:
+        out.append(f"gateway/dynamic over the whole run: {whole:.3f} (< 1: the gateway is faster)")
+    return out

@@ -5,7 +5,9 @@ usually share one GPU, and a run must not be slowed by another's load. Around
 each run the speculative backend's vllm:spec_decode_* counters are scraped
 (their delta is the run's acceptance, vLLM's ground truth) and, while the
 speculative target runs, its KV-cache usage is sampled (its peak answers
-`advise`'s "spare memory?").
+`advise`'s "spare memory?"). The "dynamic" target (one vLLM server with dynamic
+speculative decoding, not behind the gateway) drafts on its own, so around its
+run its own counters are read instead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from tooling.bench.targets import acceptance_json, kv_usage, scrape
 from tooling.loadgen import Result, run_closed_loop, run_open_loop
 
 KV_SAMPLE_S = 0.5
+DYNAMIC = "dynamic"  # a single server with dynamic speculative decoding (stats.py)
+GATEWAY = "gateway"
+# How long a gateway target may take to see the servers idle before its run.
+_SETTLE_MAX_S = 5.0
 
 
 @dataclass(slots=True)
@@ -57,8 +63,11 @@ async def run_cells(
         cell_run = CellRun(cell)
         for name, url in targets.items():
             label = f"{cell.load.label} {cell.group} -> {name}"
+            if name == GATEWAY:
+                await _gateway_settled(session, url)
             progress.start(label, 0 if duration_s is not None else len(cell.requests))
-            before = await scrape(session, spec_metrics_url) if spec_metrics_url else None
+            counters_url = url if name == DYNAMIC else spec_metrics_url
+            before = await scrape(session, counters_url) if counters_url else None
             sampler = None
             if spec_metrics_url and name == "speculative":
                 sampler = asyncio.create_task(_kv_peak(session, spec_metrics_url, cell_run))
@@ -89,10 +98,36 @@ async def run_cells(
                     with contextlib.suppress(asyncio.CancelledError):
                         await sampler
             wall = time.perf_counter() - started
-            after = await scrape(session, spec_metrics_url) if spec_metrics_url else None
+            after = await scrape(session, counters_url) if counters_url else None
             cell_run.runs[name] = Run(results, wall, acceptance_json(before, after))
             progress.finish()
         done.append(cell_run)
+
+
+async def _gateway_settled(session: aiohttp.ClientSession, url: str) -> None:
+    """Wait until the gateway's view of the servers no longer shows the previous
+    target's load (its /stats: nothing in flight, no other clients' requests at
+    the last scrape), at most _SETTLE_MAX_S.
+
+    The targets run one after the other on the same servers: the direct runs
+    just before the gateway's are other clients' load to it, and its scrape of
+    them is up to an interval old. Without this, the gateway's first decisions
+    of a run answered to load that had already finished (in the demo it put
+    code on the baseline because the speculative server "had" 2 running).
+    A gateway without /stats (or behind auth) is not waited for.
+    """
+    deadline = time.perf_counter() + _SETTLE_MAX_S
+    while time.perf_counter() < deadline:
+        try:
+            async with session.get(f"{url}/stats") as resp:
+                if resp.status != 200:
+                    return
+                backends = (await resp.json()).get("backends", {})
+        except (aiohttp.ClientError, ValueError):
+            return
+        if all(not b.get("inflight") and not b.get("others") for b in backends.values()):
+            return
+        await asyncio.sleep(0.1)
 
 
 async def _kv_peak(session: aiohttp.ClientSession, url: str, cell_run: CellRun) -> None:

@@ -11,9 +11,16 @@ Definitions (vLLM's bench where it has one):
 - oracle: per request, the faster of baseline and speculative; regret =
   gateway mean e2e / oracle mean e2e over the requests all three answered
   (1.0 = the gateway always picked the faster backend, at no cost).
+- dynamic (a target of that name: ONE vLLM server with dynamic speculative
+  decoding, the single-server alternative to the gateway): dynamic_regret =
+  dynamic mean e2e / oracle mean e2e (requests baseline, speculative and
+  dynamic answered); gateway_vs_dynamic = gateway mean e2e / dynamic mean e2e
+  (requests both answered; < 1: the gateway is faster). The oracle stays
+  baseline-or-speculative: it is what routing between the static pair can reach.
 - acceptance: accepted / proposed draft tokens, from the speculative backend's
   counter deltas over its run ("counters", vLLM's ground truth) and from the
-  per-request metrics in the final usage chunks ("per_request").
+  per-request metrics in the final usage chunks ("per_request"); the same for
+  the dynamic server from its own counters ("dynamic_counters", "dynamic_per_request").
 - prefill share: mean TTFT / e2e on the baseline: the part of a request's time
   speculation cannot shorten.
 """
@@ -27,6 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tooling.bench.plan import RECORDED, Load
+from tooling.bench.runner import DYNAMIC as DYNAMIC  # re-exported beside BASE, SPEC, GATEWAY
 from tooling.bench.runner import CellRun
 from tooling.loadgen import Result
 
@@ -119,6 +127,11 @@ def summarize(
         "per_request": row["targets"].get(SPEC, {}).get("acceptance_per_request"),
         "gateway_counters": _combine_counters(gw_counters) if attributable else None,
     }
+    if DYNAMIC in names:
+        dyn = [c.runs[DYNAMIC].counter_acceptance for _, c in parts if DYNAMIC in c.runs]
+        own = row["targets"][DYNAMIC]["acceptance_per_request"]
+        row["acceptance"]["dynamic_counters"] = _combine_counters(dyn) if attributable else None
+        row["acceptance"]["dynamic_per_request"] = own
     kv = [c.spec_kv_peak for _, c in parts if c.spec_kv_peak is not None]
     row["spec_kv_peak"] = max(kv) if kv else None
     row.update(_paired(by_target))
@@ -153,6 +166,23 @@ def _paired(by_target: dict[str, dict[Key, Result]]) -> dict[str, Any]:
         if routed:
             agree = sum(gw[k].route == best[k] for k in routed) / len(routed)
             out["oracle_agreement"] = _r(agree, 3)
+    if DYNAMIC in by_target:
+        out.update(_versus_dynamic(base, spec, _ok(gw), _ok(by_target[DYNAMIC])))
+    return out
+
+
+def _versus_dynamic(
+    base: dict[Key, float], spec: dict[Key, float], gw: dict[Key, float], dyn: dict[Key, float]
+) -> dict[str, float | None]:
+    """The single dynamic-SD server against the oracle and against the gateway."""
+    out: dict[str, float | None] = {"dynamic_regret": None, "gateway_vs_dynamic": None}
+    keys = base.keys() & spec.keys() & dyn.keys()
+    if keys:
+        oracle = sum(min(base[k], spec[k]) for k in keys)
+        out["dynamic_regret"] = _r(sum(dyn[k] for k in keys) / oracle)
+    keys = gw.keys() & dyn.keys()
+    if keys:
+        out["gateway_vs_dynamic"] = _r(sum(gw[k] for k in keys) / sum(dyn[k] for k in keys))
     return out
 
 
@@ -184,6 +214,10 @@ def rows(cell_runs: list[CellRun]) -> tuple[list[dict[str, Any]], list[dict[str,
 
 def overall_regret(cell_runs: list[CellRun]) -> float | None:
     """Regret over the whole run: every load and workload together."""
+    return whole_run(cell_runs).get("regret")
+
+
+def whole_run(cell_runs: list[CellRun]) -> dict[str, Any]:
+    """The paired figures (regret, gateway_vs_dynamic, ...) over every load and workload."""
     parts = list(enumerate(cell_runs))
-    regret: float | None = summarize(parts, None, 0)["regret"] if parts else None
-    return regret
+    return summarize(parts, None, 0) if parts else {}

@@ -4,7 +4,8 @@ A target is whatever speaks the OpenAI API: vLLM, the emulated vLLM, or the
 gateway. The probe reads /v1/models (the served model), /version and /metrics.
 The emulator says what it is in two places a real vLLM never does: its
 /version is "...+emulated" and its model card's permission id is
-"modelperm-emulated"; the gateway relays its backends' model cards, so a
+"modelperm-emulated" (its /emulator/state then says its mode: baseline,
+speculative, or dynamic with its K schedule); the gateway relays its backends' model cards, so a
 gateway in front of emulators is recognised too. Its /metrics is also
 recognisable as the emulator's: vLLM series without the process_/python_
 series and without vllm:cache_config_info that a real vLLM exposes. The
@@ -16,6 +17,7 @@ for `specroute advise`: what the speculative server's memory costs.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -47,6 +49,7 @@ class TargetInfo:
     version: str | None = None
     cache_config: dict[str, str] | None = None
     problems: list[str] = field(default_factory=list)
+    engine: str | None = None  # an emulator's mode (and K schedule), from /emulator/state
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +58,8 @@ class TargetInfo:
         bits = [self.kind.upper() if self.emulated else self.kind]
         if self.kind == "specroute gateway" and self.emulated:
             bits = ["specroute gateway over EMULATED backends"]
+        if self.engine:
+            bits.append(self.engine)
         if self.version:
             bits.append(f"version {self.version}")
         bits.append(f"model {self.model or '?'}")
@@ -85,7 +90,22 @@ async def probe(session: aiohttp.ClientSession, name: str, url: str) -> TargetIn
         looks_emulated = "process_cpu_seconds_total" not in text and info.cache_config is None
         info.emulated = info.emulated or looks_emulated
         info.kind = "emulated vllm" if info.emulated else "vllm"
+        if info.emulated:
+            info.engine = emulated_engine(await _get_json(session, f"{url}/emulator/state"))
     return info
+
+
+def emulated_engine(state: Any) -> str | None:
+    """An emulator's engine in words: "mode speculative k=4", "mode dynamic, K per ..."."""
+    if not isinstance(state, dict) or not isinstance(state.get("mode"), str):
+        return None
+    text = f"mode {state['mode']}"
+    schedule = state.get("num_speculative_tokens_per_batch_size")
+    if schedule is not None:
+        return f"{text}, K per batch size {json.dumps(schedule)}"
+    if state.get("num_speculative_tokens") is not None:
+        text += f" k={state['num_speculative_tokens']}"
+    return text
 
 
 def cache_config(metrics_text: str) -> dict[str, str] | None:

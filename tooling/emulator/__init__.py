@@ -1,7 +1,8 @@
 """An emulated vLLM OpenAI server, timed like a GPU engine (`specroute emulate`).
 
 It speaks vLLM's API and /metrics for one model name and times tokens like an
-engine with continuous batching, with or without speculative decoding, so the
+engine with continuous batching, without speculative decoding, with it, or with
+vLLM's dynamic speculative decoding (K per batch size, dynamic.py), so the
 router, the bench and the tests can see GPU-shaped economics on any machine.
 Everything it prints says it is emulated. See CALIBRATION.md for the model.
 """

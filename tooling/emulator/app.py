@@ -3,8 +3,8 @@
 Routes, as vLLM's OpenAI server has them: /v1/chat/completions, /v1/completions,
 /v1/models, /health, /metrics, /version. Plus the emulator's own admin paths,
 which vLLM does not have: GET /emulator/state (engine counts, aborts included,
-and the current faults), POST /emulator/faults (set faults), DELETE
-/emulator/faults (clear them).
+the current faults and, in speculative modes, the steps per proposed K), POST
+/emulator/faults (set faults), DELETE /emulator/faults (clear them).
 
 The engine loop and the Prometheus registry belong to the app: the loop is
 started and stopped in a cleanup_ctx, the registry is created per app, so two
@@ -150,8 +150,24 @@ async def _state(request: web.Request) -> web.Response:
             "finished": dict(counts.finished),
             "client_aborts": counts.client_aborts,
             "faults": s.faults.to_dict(),
+            **_drafting(s),
         }
     )
+
+
+def _drafting(s: EmulatorState) -> dict[str, object]:
+    """Speculative modes: k, the dynamic schedule, and how many steps proposed each K."""
+    c = s.config
+    if not c.speculative:
+        return {}
+    out: dict[str, object] = {
+        "num_speculative_tokens": c.num_speculative_tokens,
+        "steps_by_k": {str(k): n for k, n in sorted(s.engine.counts.steps_by_k.items())},
+    }
+    if c.mode == "dynamic":
+        schedule = c.num_speculative_tokens_per_batch_size or ()
+        out["num_speculative_tokens_per_batch_size"] = [list(e) for e in schedule]
+    return out
 
 
 async def _set_faults(request: web.Request) -> web.Response:

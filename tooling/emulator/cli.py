@@ -7,7 +7,8 @@ import argparse
 from aiohttp import web
 
 from .app import create_emulator_app
-from .config import add_emulator_arguments, config_from_args
+from .config import EmulatorConfig, add_emulator_arguments, config_from_args
+from .dynamic import to_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         "(no model runs here: text and timing are modelled)",
         flush=True,
     )
+    if config.mode == "dynamic":
+        print(f"[EMULATED] {describe_dynamic(config)}", flush=True)
     # run_app leaves handler cancellation off; vLLM aborts a request whose client
     # went away, and so does the emulator, which needs the handler cancelled.
     web.run_app(
@@ -38,3 +41,18 @@ def main(argv: list[str] | None = None) -> int:
         print=lambda line: print(f"[EMULATED] {line}", flush=True),
     )
     return 0
+
+
+def describe_dynamic(config: EmulatorConfig) -> str:
+    """One line: the schedule as given to vLLM, and the K it gives at a few batch sizes."""
+    schedule = config.num_speculative_tokens_per_batch_size or ()
+    lookup = config.k_by_batch_size()
+    sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < len(lookup)]
+    ks = ", ".join(f"{n}:{lookup[n]}" for n in sizes)
+    empty = " (empty: vLLM's scheduler then drafts k every step)" if not schedule else ""
+    k0 = " (the draft model still runs one pass)" if config.draft_forward_at_k0 else ""
+    return (
+        f"dynamic speculative decoding: num_speculative_tokens_per_batch_size="
+        f"{to_json(schedule)}{empty}, k<={config.num_speculative_tokens}; "
+        f"K by batch size {ks}; a K=0 step proposes no drafts{k0}"
+    )

@@ -14,7 +14,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-Mode = Literal["speculative", "baseline"]
+from .dynamic import (
+    DEFAULT_SCHEDULE,
+    Schedule,
+    dense_lookup,
+    parse_schedule,
+    schedule_arg,
+    to_json,
+)
+
+Mode = Literal["speculative", "baseline", "dynamic"]
+SPECULATIVE_MODES = ("speculative", "dynamic")
 SpecMetricsLevel = Literal["none", "summary", "detailed"]
 
 
@@ -25,7 +35,7 @@ def _knob(default: Any, help_text: str) -> Any:
 
 @dataclass(frozen=True)
 class EmulatorConfig:
-    """Configuration of one emulated vLLM server (speculative or baseline)."""
+    """Configuration of one emulated vLLM server (speculative, dynamic or baseline)."""
 
     mode: Mode
     model: str = _knob("smollm2-135m", "served model name, as vLLM's --served-model-name")
@@ -43,10 +53,25 @@ class EmulatorConfig:
     kv_read_ms_per_seq: float = _knob(0.3, "memory time per running sequence (its KV cache)")
     compute_ms_per_token: float = _knob(0.25, "compute time per token processed in a step")
     # Speculative decoding.
-    num_speculative_tokens: int = _knob(4, "k: draft tokens proposed per step")
+    num_speculative_tokens: int = _knob(4, "k: draft tokens per step (mode dynamic: the most)")
     draft_cost_ratio: float = _knob(0.2, "c: one draft pass / one baseline decode step")
     draft_prefill_ratio: float = _knob(0.05, "draft prefill compute / target prefill compute")
     spec_overhead_ms: float = _knob(2.0, "extra fixed cost of a verify step (rejection sampler)")
+    # Dynamic speculative decoding (mode dynamic): vLLM's SpeculativeConfig field.
+    num_speculative_tokens_per_batch_size: Schedule | None = field(
+        default=None,
+        metadata={
+            "help": "mode dynamic: K per batch size, as in vLLM's --speculative-config, JSON "
+            "[[range_start, range_end, K], ...] (inclusive; K clamped to "
+            f"--num-speculative-tokens); default {to_json(DEFAULT_SCHEDULE)}"
+        },
+    )
+    draft_forward_at_k0: bool = _knob(
+        True,
+        "mode dynamic: a K=0 step still runs the draft model's first forward pass, as vLLM's "
+        "model drafters do to keep their KV cache in sync (off: a K=0 step is a plain step, "
+        "as with an ngram drafter)",
+    )
     per_request_spec_decode_metrics: SpecMetricsLevel = field(
         default="none",
         metadata={"help": "as vLLM's --per-request-spec-decode-metrics (speculative mode only)"},
@@ -73,8 +98,32 @@ class EmulatorConfig:
 
     def __post_init__(self) -> None:
         problems = list(_problems(self))
+        schedule = self.num_speculative_tokens_per_batch_size
+        if schedule is not None and self.mode != "dynamic":
+            problems.append("num_speculative_tokens_per_batch_size requires mode=dynamic")
+        elif self.mode == "dynamic":
+            try:  # stored sorted and validated, as vLLM's scheduler reads it
+                normalised = parse_schedule(DEFAULT_SCHEDULE if schedule is None else schedule)
+            except ValueError as exc:
+                problems.append(str(exc))
+            else:
+                object.__setattr__(self, "num_speculative_tokens_per_batch_size", normalised)
         if problems:
             raise ValueError("invalid emulator config: " + "; ".join(problems))
+
+    @property
+    def speculative(self) -> bool:
+        """Whether this server drafts at all (a --speculative-config in vLLM)."""
+        return self.mode in SPECULATIVE_MODES
+
+    def k_by_batch_size(self) -> list[int]:
+        """Drafts proposed per request at each batch size (index 0 unused); 0s for baseline."""
+        size, k = self.max_num_seqs, self.num_speculative_tokens
+        if self.mode == "baseline":
+            return [0] * (size + 1)
+        if self.mode == "speculative":
+            return [k] * (size + 1)
+        return dense_lookup(self.num_speculative_tokens_per_batch_size or (), size, k)
 
     def scaled(self, ms: float) -> float:
         """Milliseconds of modelled cost -> seconds of wall clock at time_scale."""
@@ -87,9 +136,9 @@ def _problems(c: EmulatorConfig) -> list[str]:
         out.append(f"mode must be one of {get_args(Mode)}, got {c.mode!r}")
     if c.per_request_spec_decode_metrics not in get_args(SpecMetricsLevel):
         out.append("per_request_spec_decode_metrics must be none, summary or detailed")
-    elif c.per_request_spec_decode_metrics != "none" and c.mode != "speculative":
+    elif c.per_request_spec_decode_metrics != "none" and c.mode not in SPECULATIVE_MODES:
         # vLLM 0.32 refuses this combination at start-up (config/vllm.py).
-        out.append("per_request_spec_decode_metrics requires mode=speculative")
+        out.append("per_request_spec_decode_metrics requires mode=speculative or dynamic")
     if not c.model:
         out.append("model must not be empty")
     if c.time_scale <= 0:
@@ -140,7 +189,17 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         if f.name == "mode":
-            parser.add_argument(flag, required=True, choices=get_args(Mode), help="engine kind")
+            parser.add_argument(
+                flag,
+                required=True,
+                choices=get_args(Mode),
+                help="engine kind (dynamic: K chosen per step from the batch size, as vLLM's "
+                "num_speculative_tokens_per_batch_size)",
+            )
+        elif f.name == "num_speculative_tokens_per_batch_size":
+            parser.add_argument(
+                flag, type=schedule_arg, default=None, metavar="JSON", help=f.metadata["help"]
+            )
         elif hint is bool:
             parser.add_argument(
                 flag,

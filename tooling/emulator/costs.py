@@ -19,6 +19,20 @@ A speculative step verifies k drafts per sequence and runs the draft k times:
                + k * c * baseline_decode(d)              k draft passes
                + r * t * p                                draft model prefill
 
+A dynamic step (vLLM's num_speculative_tokens_per_batch_size, dynamic.py)
+verifies the v drafts its sequences carry from the previous step and proposes
+K (looked up from this step's batch size) for the next one:
+
+    dyn(d, p) = F + [S if v] + max(W + m*d, t*(d + v + p))
+              + max(K, 1) * c * baseline_decode(d) + r * t * p
+
+K = 0 still costs one draft pass and the draft prefill: vLLM's model drafters
+run their first forward at K = 0 to keep the draft KV cache in sync
+(v1/spec_decode/llm_base_proposer.py, "No draft tokens requested"). With
+`draft_forward_at_k0` off (a drafter with no model, as ngram), a step that
+neither verifies nor proposes is a plain baseline step. With a constant
+schedule K = k, a decode step costs exactly the speculative one.
+
 Defaults (ms): F=2, W=6, m=0.3, t=0.25, S=2, k=4, c=0.2, r=0.05, so a
 baseline decode step is 8.3 ms at batch 1 and 27.2 ms at batch 64, and a
 speculative step is 16.9 ms at batch 1 and 106 ms at batch 64. CALIBRATION.md
@@ -38,6 +52,8 @@ class StepShape:
 
     decode_seqs: int  # sequences generating this step (each 1 token, or 1+k if speculative)
     prefill_tokens: int  # prompt tokens prefilled this step (chunked)
+    verified_drafts: int = 0  # dynamic: draft tokens the decoding sequences verify
+    proposed_k: int = 0  # dynamic: drafts proposed per sequence for the next step
 
 
 def baseline_step_ms(c: EmulatorConfig, shape: StepShape) -> float:
@@ -64,8 +80,30 @@ def speculative_step_ms(c: EmulatorConfig, shape: StepShape) -> float:
     return verify + draft + draft_prefill
 
 
+def dynamic_step_ms(c: EmulatorConfig, shape: StepShape) -> float:
+    """Verify the drafts carried in, then propose `proposed_k` per sequence (K = 0 included)."""
+    drafter_runs = shape.proposed_k > 0 or c.draft_forward_at_k0
+    if not shape.verified_drafts and not drafter_runs:
+        return baseline_step_ms(c, shape)
+    memory = c.weights_read_ms + c.kv_read_ms_per_seq * shape.decode_seqs
+    tokens = shape.decode_seqs + shape.verified_drafts + shape.prefill_tokens
+    verify = c.step_overhead_ms + max(memory, c.compute_ms_per_token * tokens)
+    if shape.verified_drafts:
+        verify += c.spec_overhead_ms
+    if not drafter_runs:
+        return verify
+    draft = 0.0
+    if shape.decode_seqs:
+        passes = max(shape.proposed_k, 1)
+        draft = passes * c.draft_cost_ratio * baseline_step_ms(c, StepShape(shape.decode_seqs, 0))
+    draft_prefill = c.draft_prefill_ratio * c.compute_ms_per_token * shape.prefill_tokens
+    return verify + draft + draft_prefill
+
+
 def step_seconds(c: EmulatorConfig, shape: StepShape) -> float:
     """Wall-clock seconds of one step for this server's mode, after time_scale."""
     if c.mode == "speculative":
         return c.scaled(speculative_step_ms(c, shape))
+    if c.mode == "dynamic":
+        return c.scaled(dynamic_step_ms(c, shape))
     return c.scaled(baseline_step_ms(c, shape))

@@ -1,12 +1,20 @@
 """The emulated engine: one asyncio loop doing continuous batching, step by step.
 
 Each step, like vLLM v1's scheduler, serves the running requests first (one
-token each, or 1+k in speculative mode, out of a per-step token budget), then
-prefills prompts in chunks with what is left of the budget, admitting waiting
-requests in arrival order while the batch has room (max_num_seqs) and the KV
-cache can hold them. The step then lasts what costs.py says it costs, and at
-its end every request in it gets its tokens, as one StepOutput: a speculative
-step that accepted 2 of 4 drafts gives one output with 3 tokens' text.
+token each, plus the drafts a request carries in speculative and dynamic mode,
+out of a per-step token budget), then prefills prompts in chunks with what is
+left of the budget, admitting waiting requests in arrival order while the
+batch has room (max_num_seqs) and the KV cache can hold them. The step then
+lasts what costs.py says it costs, and at its end every request in it gets its
+tokens, as one StepOutput: a speculative step that accepted 2 of 4 drafts gives
+one output with 3 tokens' text.
+
+Drafts, as in vLLM: at the end of a step the drafter proposes K drafts for
+every request that sampled a token (the last prefill chunk or a decode), and
+the next step verifies them. K is num_speculative_tokens in speculative mode
+and, in dynamic mode, the schedule's K for the number of requests scheduled in
+the proposing step (vLLM's scheduler: `dynamic_sd_lookup[len(num_scheduled_tokens)]`),
+so a request verifies in step N the K chosen from step N-1's batch.
 
 Timing is kept on a virtual clock: each step ends `cost` after the previous
 one ended, not after the loop woke up, so asyncio's late wake-ups and a busy
@@ -91,6 +99,7 @@ class Sequence:
         self.prefilled = 0
         self.generated = 0
         self.kv_reserved = 0
+        self.drafts = 0  # draft tokens proposed for this request's next decode step
         self.finished = False
 
 
@@ -101,15 +110,27 @@ class EngineCounts:
     submitted: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     client_aborts: int = 0
+    steps_by_k: dict[int, int] = field(default_factory=dict)  # K proposed -> steps (spec modes)
 
 
 @dataclass
 class _Batch:
     decode: list[Sequence]
     prefill: list[tuple[Sequence, int]]
+    proposed_k: int = 0  # drafts per request this step proposes for the next
+
+    @property
+    def size(self) -> int:
+        """Requests scheduled in this step (vLLM's len(num_scheduled_tokens))."""
+        return len(self.decode) + len(self.prefill)
 
     def shape(self) -> StepShape:
-        return StepShape(len(self.decode), sum(chunk for _, chunk in self.prefill))
+        return StepShape(
+            len(self.decode),
+            sum(chunk for _, chunk in self.prefill),
+            sum(seq.drafts for seq in self.decode),
+            self.proposed_k,
+        )
 
 
 class SharedGpu:
@@ -145,6 +166,7 @@ class Engine:
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._kv_reserved = 0
+        self._k_by_batch_size = config.k_by_batch_size()
         self._wake = asyncio.Event()
         self.counts = EngineCounts()
 
@@ -194,7 +216,7 @@ class Engine:
         clock = loop.time()
         while True:
             batch = self._schedule(loop.time())
-            if not batch.decode and not batch.prefill:
+            if not batch.size:
                 self._publish_gauges()
                 self._wake.clear()
                 await self._wake.wait()
@@ -207,14 +229,24 @@ class Engine:
             self._apply(batch, loop.time())
             self._publish_gauges()
 
+    def step_at(self, now: float) -> float | None:
+        """One step on a modelled clock, no sleeping: scheduled at `now`, applied at
+        `now` + its cost (time_scale applied); the cost, or None when idle (simulate.py)."""
+        batch = self._schedule(now)
+        if not batch.size:
+            return None
+        cost = step_seconds(self._c, batch.shape())
+        self._apply(batch, now + cost)
+        self._publish_gauges()
+        return cost
+
     def _schedule(self, now: float) -> _Batch:
         budget = self._c.max_num_batched_tokens
-        per_decode = 1 + self._c.num_speculative_tokens if self._c.mode == "speculative" else 1
         batch = _Batch([], [])
         for seq in self._running:
-            if seq.prefilled == seq.prompt_tokens and budget >= per_decode:
+            if seq.prefilled == seq.prompt_tokens and budget >= 1 + seq.drafts:
                 batch.decode.append(seq)
-                budget -= per_decode
+                budget -= 1 + seq.drafts
         for seq in self._running:
             if seq.prefilled < seq.prompt_tokens and budget > 0:
                 chunk = min(seq.prompt_tokens - seq.prefilled, budget)
@@ -238,13 +270,15 @@ class Engine:
             chunk = min(seq.prompt_tokens, budget)
             batch.prefill.append((seq, chunk))
             budget -= chunk
+        if batch.size:
+            batch.proposed_k = self._k_by_batch_size[batch.size]
         return batch
 
     def _apply(self, batch: _Batch, now: float) -> None:
-        k = self._c.num_speculative_tokens
+        proposed = batch.proposed_k
         tokens = 0
-        drafts = accepted_total = 0
-        per_pos = [0] * k
+        drafts = draft_tokens = accepted_total = 0
+        per_pos = [0] * self._c.num_speculative_tokens
         for seq, chunk in batch.prefill:
             if seq.finished:
                 continue
@@ -252,22 +286,27 @@ class Engine:
             tokens += chunk
             if seq.prefilled == seq.prompt_tokens:
                 tokens += self._emit(seq, 1, now)
+                seq.drafts = proposed  # drafted after its first token, verified next step
         for seq in batch.decode:
             if seq.finished:
                 continue
             n = 1
-            if self._c.mode == "speculative":
-                accepted = draw_accepted(seq.acceptance, k, seq.rng)
-                seq.spec.observe(k, accepted)
+            if seq.drafts:  # K = 0 proposed nothing: no draft, counters untouched (as vLLM)
+                accepted = draw_accepted(seq.acceptance, seq.drafts, seq.rng)
+                seq.spec.observe(seq.drafts, accepted)
                 drafts += 1
+                draft_tokens += seq.drafts
                 accepted_total += accepted
                 for pos in range(accepted):
                     per_pos[pos] += 1
                 n += accepted
+            seq.drafts = proposed
             tokens += self._emit(seq, n, now)
+        if self._c.speculative:
+            self.counts.steps_by_k[proposed] = self.counts.steps_by_k.get(proposed, 0) + 1
         self._metrics.iteration_tokens.observe(tokens)
         if self._metrics.spec is not None and drafts:
-            self._metrics.spec.observe(drafts, drafts * k, accepted_total, per_pos)
+            self._metrics.spec.observe(drafts, draft_tokens, accepted_total, per_pos)
 
     def _emit(self, seq: Sequence, n: int, now: float) -> int:
         pieces = seq.plan.pieces

@@ -237,7 +237,7 @@ async def _stream(
 
 def _spec_level(state: EmulatorState) -> str:
     c = state.config
-    return c.per_request_spec_decode_metrics if c.mode == "speculative" else "none"
+    return c.per_request_spec_decode_metrics if c.speculative else "none"
 
 
 def _sse(obj: dict[str, Any]) -> bytes:

@@ -6,7 +6,9 @@ vllm/v1/spec_decode/metrics.py): prometheus_client appends `_total` to counter
 names, so `Counter("vllm:prompt_tokens")` is exposed as `vllm:prompt_tokens_total`
 exactly as vLLM's is, `_created` samples included. Every series carries
 `model_name` and `engine="0"`. The spec-decode counters exist only in speculative
-mode, as in vLLM, where they exist only with a --speculative-config.
+and dynamic mode, as in vLLM, where they exist only with a --speculative-config;
+in dynamic mode a step that verifies no drafts (K = 0 before it) moves none of
+them, and num_draft_tokens counts the K actually drafted, as vLLM's scheduler does.
 
 Semantics kept from vLLM: prompt tokens are counted when a request's first token
 comes out; inter-token latency is observed once per engine step that produced
@@ -174,7 +176,7 @@ class VllmMetrics:
             _LATENCY,
         )
         self.spec: SpecDecodeCounters | None = None
-        if config.mode == "speculative":
+        if config.speculative:
             self.spec = SpecDecodeCounters(r, labels, values, config.num_speculative_tokens)
 
     def finished(self, f: FinishedRequest) -> None:
