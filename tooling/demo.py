@@ -1,20 +1,26 @@
 """`specroute demo`: the no-GPU main job, on EMULATED backends.
 
 Starts two emulated vLLM servers (speculative and baseline, GPU-shaped timing)
-and the gateway in one process and runs a short `specroute bench` of the demo
-mix through the baseline directly, the speculative server directly and the
-gateway: per workload what each route gave, what the gateway chose, and its
-regret against the per-request oracle. It is the bench's core with fixed
-choices, so the two can never disagree about a figure.
+and the gateway in one process. The gateway starts from neutral priors (it is
+not told the emulator's truth); with --warmup N, first N requests per workload
+of the same mix, with other prompts, go through the gateway alone and what it
+learned is printed (routes and believed acceptance per workload). Then a short `specroute bench` of the
+demo mix runs through the baseline directly, the speculative server directly
+and the gateway: per workload what each route gave, what the gateway chose,
+and its regret against the per-request oracle. It is the bench's core with
+fixed choices, so the two can never disagree about a figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
+
+import aiohttp
 
 from tooling.bench import BenchOptions, run_bench
 from tooling.local_stack import local_stack
@@ -25,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=6, help="requests per workload and target")
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=0.5, help="emulator time scale")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="requests per workload the gateway learns from before the measured run (0: none)",
+    )
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -33,13 +45,21 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     configure_logging("warning")
     return asyncio.run(
         run_demo(
-            per_workload=args.requests, concurrency=args.concurrency, time_scale=args.time_scale
+            per_workload=args.requests,
+            concurrency=args.concurrency,
+            time_scale=args.time_scale,
+            warmup=args.warmup,
         )
     )
 
 
 async def run_demo(
-    *, per_workload: int, concurrency: int, time_scale: float, out: TextIO = sys.stdout
+    *,
+    per_workload: int,
+    concurrency: int,
+    time_scale: float,
+    warmup: int = 0,
+    out: TextIO = sys.stdout,
 ) -> int:
     names = MIXES["demo"]
     print(
@@ -52,6 +72,8 @@ async def run_demo(
     )
     started = time.perf_counter()
     async with local_stack(time_scale=time_scale) as stack:
+        if warmup > 0:
+            await _warm_up(stack.gateway, warmup, concurrency, out)
         opts = BenchOptions(
             targets={
                 "baseline": stack.baseline,
@@ -64,7 +86,8 @@ async def run_demo(
             command=["specroute", "demo"],
         )
         outcome = await run_bench(opts, out=out, tag="demo")
-    sent = sum(len(run["results"]) for c in outcome.doc["cells"] for run in c["runs"].values())
+    sent = warmup * len(names) if warmup > 0 else 0
+    sent += sum(len(run["results"]) for c in outcome.doc["cells"] for run in c["runs"].values())
     print(
         f"\n[EMULATED] {sent} requests in {time.perf_counter() - started:.1f} s, "
         f"{outcome.failures} failed. Figures are from the emulator's modelled timing, "
@@ -73,3 +96,49 @@ async def run_demo(
         file=out,
     )
     return 1 if outcome.failures else 0
+
+
+async def _warm_up(gateway: str, per_workload: int, concurrency: int, out: TextIO) -> None:
+    """The gateway alone serves the demo mix with other prompts (seed 1), and learns.
+
+    Its table is not printed (nothing to compare it with); what the gateway made
+    of it is: routes and believed acceptance per workload, beside the acceptance
+    the speculative server reported for them."""
+    print(
+        f"\nwarm-up: {per_workload} requests per workload through the gateway alone "
+        "(other prompts; not measured); what it learned:",
+        file=out,
+        flush=True,
+    )
+    opts = BenchOptions(
+        targets={"gateway": gateway},
+        workload="demo",
+        concurrency=[concurrency],
+        requests=per_workload,
+        seed=1,
+        command=["specroute", "demo", "warm-up"],
+    )
+    await run_bench(opts, out=io.StringIO(), tag="demo warm-up")
+    async with aiohttp.ClientSession() as session, session.get(f"{gateway}/stats") as resp:
+        stats: dict[str, Any] = await resp.json()
+    print(
+        f"  {'workload':<14}{'spec/base':>10}{'believed':>10}{'measured':>10}  "
+        "(acceptance: accepted/proposed drafts)",
+        file=out,
+    )
+    for name, w in stats["workloads"].items():
+        routes = w["requests"]
+        if not sum(routes.values()):
+            continue
+        acc = w["acceptance"]
+        believed, measured = acc["believed_rate"], acc["measured_rate"]
+        print(
+            f"  {name:<14}{routes['speculative']:>5}/{routes['baseline']:<4}"
+            f"{_rate(believed):>10}{_rate(measured):>10}",
+            file=out,
+        )
+    print(file=out, flush=True)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

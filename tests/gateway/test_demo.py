@@ -22,6 +22,8 @@ async def test_demo_runs_end_to_end_and_says_emulated() -> None:
         "3",
         "--time-scale",
         "0.25",
+        "--warmup",
+        "2",
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -33,6 +35,9 @@ async def test_demo_runs_end_to_end_and_says_emulated() -> None:
     for workload in ("structured", "sql", "code", "creative", "rag"):
         assert f"\n{workload} " in text
     assert "gateway/oracle" in text and "0 failed" in text
+    # The warm-up prints what the gateway learned, per workload it saw.
+    learned = text.split("what it learned:", 1)[1].split("\n\n", 1)[0]
+    assert "believed" in learned and "\n  creative " in learned
     assert "EMULATED" in err.decode()
 
 
