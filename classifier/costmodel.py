@@ -35,6 +35,14 @@ hands to learn(). Order of a decision:
    other answers. No wish to keep a batch together is worth a queue.
 6. unhealthy fallback, as RulesPolicy.
 
+Per GPU pair (`pair` of decide, and of each finished request: a host with N
+GPUs runs a speculative and a baseline server on each) the policy keeps what
+belongs to one GPU: the consolidation target, the topology verdict and the
+batch's lean. What the pairs have in common (the same model on the same class
+of hardware) is learned once from all of them: acceptance, latency fits,
+output lengths, the exploration budget, and the consolidation's measurements
+per load (classifier/consolidation.py says why).
+
 Randomness comes only from the policy's own random.Random(seed), so the same
 seed and the same calls give the same decisions. Not thread-safe: the gateway
 calls decide and learn from its one event loop.
@@ -49,7 +57,7 @@ from typing import Literal
 
 from classifier.acceptance import AcceptanceEstimator, AcceptancePriors
 from classifier.acceptance_model import AcceptanceModel
-from classifier.consolidation import ConsolidationTarget
+from classifier.consolidation import ConsolidationTarget, LoadMeasurements
 from classifier.features import RequestFeatures, Workload
 from classifier.latency import LatencyModel, LatencyParameters, LatencyPriors, RouteLoad
 from classifier.output_length import OutputLengthModel
@@ -191,6 +199,7 @@ class Observation:
     # idle neighbour counted busy would be charged for steps it never ran).
     other_batch: int = 0
     prefill_ahead: int = 0  # BackendState.prefill_tokens of its route at send time
+    pair: int = 0  # the GPU pair it was decided for (its batch and other_batch are that pair's)
 
 
 def _queued(backend: BackendState) -> bool:
@@ -211,23 +220,38 @@ def send_batch(state: LiveState, route: Route, n: int = 1) -> int:
     return state.of(route).load + max(n, 1)
 
 
+@dataclass(slots=True)
+class _Pair:
+    """What one GPU's pair of servers has of its own: the server its batch runs on,
+    whether the two share the GPU, and which server its batch in flight leans to."""
+
+    consolidation: ConsolidationTarget
+    topology: TopologyDetector
+    lean: float = 0.0  # running mean of log(spec / base) predicted for its batch
+
+    @property
+    def shared(self) -> bool:
+        """One GPU, as set or measured; assumed until measured (the deployment in deploy/)."""
+        shared = self.topology.shared
+        return True if shared is None else shared
+
+
 class CostModelPolicy:
     """Predicted-latency routing with guards, bounded exploration and online learning."""
 
     __slots__ = (
         "_acceptance",
-        "_batch_lean",
         "_config",
-        "_consolidation",
         "_decisions",
         "_error_totals",
         "_errors",
         "_explored",
         "_guards",
         "_latency",
+        "_load_measurements",
         "_outputs",
+        "_pairs",
         "_rng",
-        "_topology",
         "_tps_k",
         "_unit",
     )
@@ -249,10 +273,9 @@ class CostModelPolicy:
         # apart (one route's before the other's) stay comparable.
         self._unit = LatencyModel(config.latency, k, config.draft_cost_ratio)
         self._acceptance = AcceptanceEstimator(config.acceptance, k, model)
-        self._topology = TopologyDetector(config.shared_gpu)
-        self._batch_lean = 0.0  # running mean of log(spec / base) predicted for the batch
         self._outputs = OutputLengthModel()
-        self._consolidation = ConsolidationTarget(config.consolidate_margin)
+        self._pairs: dict[int, _Pair] = {}  # made at a pair's first decision or lesson
+        self._load_measurements = LoadMeasurements()  # every pair's consolidation judges on it
         self._rng = random.Random(config.seed)
         self._decisions = 0
         self._explored = 0
@@ -263,15 +286,29 @@ class CostModelPolicy:
     def config(self) -> CostModelConfig:
         return self._config
 
-    def predict(self, f: RequestFeatures, state: LiveState) -> dict[Route, float]:
-        """Predicted seconds, send to last byte, on each route for this request now."""
-        return self._predict(self._loads(f, state))
+    def predict(self, f: RequestFeatures, state: LiveState, pair: int = 0) -> dict[Route, float]:
+        """Predicted seconds, send to last byte, on each route of `pair` for this request now."""
+        return self._predict(self._loads(f, state, self._pair(pair).shared))
 
-    def _loads(self, f: RequestFeatures, state: LiveState) -> dict[Route, RouteLoad]:
+    def _pair(self, pair: int) -> _Pair:
+        """The state of one GPU pair, made fresh at its first use."""
+        if (known := self._pairs.get(pair)) is not None:
+            return known
+        if pair < 0:
+            raise ValueError(f"cost model: pair must be >= 0, got {pair}")
+        made = _Pair(
+            ConsolidationTarget(
+                self._config.consolidate_margin, measurements=self._load_measurements
+            ),
+            TopologyDetector(self._config.shared_gpu),
+        )
+        self._pairs[pair] = made
+        return made
+
+    def _loads(self, f: RequestFeatures, state: LiveState, shared: bool) -> dict[Route, RouteLoad]:
         """What each route's prediction and cost need, computed once per decision."""
         out = self._outputs.predict(f)
         tps = expected_tokens_per_step(self._acceptance.predict(f), self._tps_k)
-        shared = self._shared
         return {
             route: RouteLoad(
                 prompt_tokens=f.prompt_tokens,
@@ -288,36 +325,36 @@ class CostModelPolicy:
     def _predict(self, loads: dict[Route, RouteLoad]) -> dict[Route, float]:
         return {route: self._latency.predict(route, load) for route, load in loads.items()}
 
-    @property
-    def _shared(self) -> bool:
-        """One GPU, as set or measured; assumed until measured (the deployment in deploy/)."""
-        shared = self._topology.shared
-        return True if shared is None else shared
+    def shared_gpu(self, pair: int = 0) -> bool | None:
+        """One GPU (True) or a GPU each (False) for that pair, as set or measured; None
+        while measuring."""
+        return self._pair(pair).topology.shared
 
-    def shared_gpu(self) -> bool | None:
-        """One GPU (True) or a GPU each (False), as set or measured; None while measuring."""
-        return self._topology.shared
+    def topology(self, pair: int = 0) -> tuple[bool | None, float | None, int]:
+        """That pair's (shared: None while measuring; the evidence, 0 alone .. 1 shared;
+        probes sent)."""
+        topology = self._pair(pair).topology
+        return topology.shared, topology.evidence(), topology.probes
 
-    def topology(self) -> tuple[bool | None, float | None, int]:
-        """(shared: None while measuring; the evidence, 0 alone .. 1 shared; probes sent)."""
-        return self._topology.shared, self._topology.evidence(), self._topology.probes
-
-    def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
+    def decide(self, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
+        """The route within `pair` (a GPU's two servers), whose endpoints `state` describes."""
         self._decisions += 1
-        loads = self._loads(features, state)
+        gpu = self._pair(pair)
+        loads = self._loads(features, state, gpu.shared)
         predicted = self._predict(loads)
         inflight = {SPEC: state.speculative.inflight, BASE: state.baseline.inflight}
-        gpu_busy = self._shared and (inflight[SPEC] > 0 or inflight[BASE] > 0)
+        gpu_busy = gpu.shared and (inflight[SPEC] > 0 or inflight[BASE] > 0)
         if (guard := self._guards.reason(state.speculative)) is not None:
             route, reason = BASE, guard
         elif gpu_busy:
-            route, reason = self._consolidate(inflight, self._lean(loads, state, features.n))
+            lean = self._lean(gpu, loads, state, features.n)
+            route, reason = self._consolidate(gpu.consolidation, inflight, lean)
             # A probe tells only beside a batch of 2 or more (the two hypotheses differ).
             testable = inflight[route] >= 2 and self._has_room(route.other, state)
-            if testable and self._topology.probe_now():
+            if testable and gpu.topology.probe_now():
                 route, reason = route.other, "topology-probe"
                 # What finishes while it runs was slowed by it: not the carrier's figure.
-                self._consolidation.ignore_next(2 * (inflight[SPEC] + inflight[BASE]))
+                gpu.consolidation.ignore_next(2 * (inflight[SPEC] + inflight[BASE]))
         else:
             cost = self._cost(predicted, loads)
             route = SPEC if cost[SPEC] < cost[BASE] else BASE
@@ -341,16 +378,18 @@ class CostModelPolicy:
         guard = self._guards.reason(state.speculative)
         return route is BASE or guard is None or (busy_ok and guard == "spec-busy")
 
-    def _consolidate(self, inflight: dict[Route, int], lean: Route) -> tuple[Route, str]:
+    def _consolidate(
+        self, target: ConsolidationTarget, inflight: dict[Route, int], lean: Route
+    ) -> tuple[Route, str]:
         """One GPU with requests in flight: keep the batch on the target server."""
         # The carrier must be able to take the load the GPU has been under, not
         # just the few requests of a ramp after a lull (it would take them, then
         # hand them back at the guard's limit, a split either way).
-        total = max(inflight[SPEC] + inflight[BASE] + 1, self._consolidation.load)
+        total = max(inflight[SPEC] + inflight[BASE] + 1, target.load)
         allowed = frozenset((SPEC, BASE) if total <= self._guards.spec_max_inflight else (BASE,))
-        return self._consolidation.update(inflight, allowed, lean), "consolidate"
+        return target.update(inflight, allowed, lean), "consolidate"
 
-    def _lean(self, loads: dict[Route, RouteLoad], state: LiveState, n: int) -> Route:
+    def _lean(self, gpu: _Pair, loads: dict[Route, RouteLoad], state: LiveState, n: int) -> Route:
         """Which server the cost model predicts faster for the whole batch in flight.
 
         Each request under load is predicted on both servers as if the whole
@@ -371,8 +410,8 @@ class CostModelPolicy:
         }
         if whole[SPEC] > 0 and whole[BASE] > 0:
             ratio = math.log(whole[SPEC] / whole[BASE])
-            self._batch_lean += (ratio - self._batch_lean) / total
-        return SPEC if self._batch_lean < 0 else BASE
+            gpu.lean += (ratio - gpu.lean) / total
+        return SPEC if gpu.lean < 0 else BASE
 
     def _cost(
         self, predicted: dict[Route, float], loads: dict[Route, RouteLoad]
@@ -431,6 +470,7 @@ class CostModelPolicy:
                 predicted_s=outcome.predicted_s,
                 other_batch=state.of(route.other).inflight,
                 prefill_ahead=state.of(route).prefill_tokens,
+                pair=outcome.pair,
             )
         )
 
@@ -439,6 +479,7 @@ class CostModelPolicy:
         if not (math.isfinite(obs.duration_s) and obs.duration_s > 0):
             return
         f = obs.features
+        gpu = self._pair(obs.pair)
         per_seq = obs.completion_tokens / max(f.n, 1)
         if obs.route is SPEC:
             if obs.acceptance is not None and per_seq >= 2:
@@ -456,21 +497,21 @@ class CostModelPolicy:
             batch=max(obs.batch, 1),
             waiting=obs.waiting or 0,
             tokens_per_step=tps,
-            other_batch=obs.other_batch if self._shared else 0,
+            other_batch=obs.other_batch if gpu.shared else 0,
             prefill_ahead=obs.prefill_ahead,
         )
-        if self._topology.measuring and obs.batch <= 2 and obs.other_batch >= 2:
+        if gpu.topology.measuring and obs.batch <= 2 and obs.other_batch >= 2:
             alone = self._latency.predict(obs.route, replace(load, other_batch=0))
             shared = self._latency.predict(obs.route, replace(load, other_batch=obs.other_batch))
-            self._topology.observe(obs.duration_s, alone, shared)
+            gpu.topology.observe(obs.duration_s, alone, shared)
         if obs.predicted_s is not None and math.isfinite(obs.predicted_s):
             explained = self._latency.predict(obs.route, load)
             self._record_error(obs.route, obs.predicted_s, explained, obs.duration_s)
         self._latency.observe(obs.route, load, duration_s=obs.duration_s, ttft_s=obs.ttft_s)
         self._outputs.observe(f, obs.completion_tokens)
-        if self._shared and obs.other_batch == 0 and obs.route is self._consolidation.route:
+        if gpu.shared and obs.other_batch == 0 and obs.route is gpu.consolidation.route:
             size = self._unit.predict(BASE, RouteLoad(f.prompt_tokens, per_seq, 1.0))
-            self._consolidation.observed(obs.route, obs.batch, obs.duration_s, size)
+            gpu.consolidation.observed(obs.route, obs.batch, obs.duration_s, size)
 
     def _record_error(self, route: Route, predicted: float, explained: float, took: float) -> None:
         error = abs(predicted - took) / took
@@ -504,8 +545,13 @@ class CostModelPolicy:
         return {r: t.since(None) for r, t in self._error_totals.items()}
 
     def consolidation_trials(self) -> int:
-        """How often the busy-GPU target was switched to try the other server."""
-        return self._consolidation.trials
+        """How often a busy GPU's target was switched to try the other server (all pairs)."""
+        return sum(gpu.consolidation.trials for gpu in self._pairs.values())
+
+    def carrier(self, pair: int = 0) -> Route:
+        """The server that pair's batch goes to while its GPU is busy (its consolidation
+        target)."""
+        return self._pair(pair).consolidation.route
 
     def explore_counts(self) -> tuple[int, int]:
         """(explored, decided) since start."""

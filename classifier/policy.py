@@ -3,6 +3,12 @@
 A policy is a small pure object (RouteLLM's router shape): no I/O, no clock,
 no randomness, so the same inputs always give the same decision and every
 decision says why in a short, low-cardinality reason (a metric label).
+
+A host with N GPUs runs N pairs (a speculative and a baseline server on each
+GPU). The gateway picks the pair first and hands the policy that pair's
+LiveState and its index (`pair`, 0 .. N-1; 0 for a single pair); a policy
+with state per GPU (the cost model's consolidation and topology) keeps it per
+pair, and each FinishedRequest names the pair its decision was made for.
 """
 
 from __future__ import annotations
@@ -105,10 +111,14 @@ class FinishedRequest(Protocol):
     def acceptance(self) -> float | None: ...  # accepted/draft tokens, speculative only
     @property
     def predicted_s(self) -> float | None: ...  # the prediction for the route that answered
+    @property
+    def pair(self) -> int: ...  # the pair its decision was made for (its `state`'s)
 
 
 class Policy(Protocol):
-    def decide(self, features: RequestFeatures, state: LiveState) -> Decision: ...
+    def decide(self, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
+        """The route within `pair`, whose endpoints `state` describes."""
+        ...
 
     def learn(self, outcome: FinishedRequest) -> None: ...
 
@@ -116,8 +126,9 @@ class Policy(Protocol):
         """Per-position draft acceptance per workload as believed now (empty: no estimate)."""
         ...
 
-    def shared_gpu(self) -> bool | None:
-        """Whether the policy routes as if both servers share one GPU (None: no such notion)."""
+    def shared_gpu(self, pair: int = 0) -> bool | None:
+        """Whether the policy routes as if the pair's two servers share one GPU (None: no
+        such notion, or not measured yet)."""
         ...
 
 
@@ -198,7 +209,7 @@ class RulesPolicy:
     def config(self) -> RulesConfig:
         return self._config
 
-    def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
+    def decide(self, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
         route, reason = self._rules(features, state.speculative)
         if not state.of(route).healthy and state.of(route.other).healthy:
             return Decision(route.other, "unhealthy-fallback")
@@ -210,7 +221,7 @@ class RulesPolicy:
     def estimated_acceptance(self) -> Mapping[Workload, float]:
         return {}
 
-    def shared_gpu(self) -> bool | None:
+    def shared_gpu(self, pair: int = 0) -> bool | None:
         return None
 
     def _rules(self, f: RequestFeatures, spec: BackendState) -> tuple[Route, str]:
@@ -237,7 +248,7 @@ class StaticPolicy:
     def __init__(self, route: Route) -> None:
         self._route = route
 
-    def decide(self, features: RequestFeatures, state: LiveState) -> Decision:
+    def decide(self, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
         return Decision(self._route, "static")
 
     def learn(self, outcome: FinishedRequest) -> None:
@@ -246,5 +257,5 @@ class StaticPolicy:
     def estimated_acceptance(self) -> Mapping[Workload, float]:
         return {}
 
-    def shared_gpu(self) -> bool | None:
+    def shared_gpu(self, pair: int = 0) -> bool | None:
         return None

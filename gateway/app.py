@@ -89,8 +89,10 @@ def _current_keys(request: web.Request) -> Keys:
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     upstream = app[CONFIG].upstream
+    backends = app[CONFIG].backends
+    endpoints = len(backends.speculative.urls) + len(backends.baseline.urls)
     connector = aiohttp.TCPConnector(
-        limit=upstream.pool_size * 2,  # two backends
+        limit=upstream.pool_size * endpoints,  # pool_size per backend server
         limit_per_host=upstream.pool_size,
         enable_cleanup_closed=False,
     )

@@ -3,6 +3,13 @@
 The router needs a cheap, always-current picture of load; the gateway's own
 in-flight count per backend is that picture (it is exact and costs nothing),
 and health probes say which endpoints may be used at all.
+
+A backend (a route) may have several endpoints; `backends.pairs` says which
+speculative and baseline endpoints share a GPU. Each such `Pair` is what one
+decision is about: the request goes to the least loaded pair, the policy sees
+that pair's endpoints only, and the request goes to the pair's endpoint of the
+route it chose (another endpoint of that route only if the pair's is down).
+With the default, every endpoint of both routes is one pair.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -21,7 +28,7 @@ from classifier.attribution import DecodeLog
 from classifier.features import RequestFeatures
 from classifier.policy import BackendState, LiveState, Route
 from gateway.acceptance_sources import AcceptanceSources
-from gateway.config import BackendConfig, BackendsConfig
+from gateway.config import BackendConfig, BackendsConfig, Pairing
 from gateway.scraper import (
     Acceptance,
     Scrape,
@@ -40,6 +47,7 @@ class Upstream:
     """One vLLM server: a base URL (without /v1) and what we know of it."""
 
     url: str
+    pair: int = 0  # the GPU pair it belongs to (backends.pairs)
     inflight: int = 0
     prefill_tokens: int = 0  # prompts of streams sent here with no first token yet
     healthy: bool = True  # may take new requests: probe OK and not ejected
@@ -64,11 +72,15 @@ class Backend:
     max_inflight: int = 256  # admission limit: beyond it, failover or 429
 
     @classmethod
-    def from_config(cls, route: Route, config: BackendConfig) -> Backend:
+    def from_config(
+        cls, route: Route, config: BackendConfig, pairing: Pairing = Pairing.ONE
+    ) -> Backend:
         headers: dict[str, str] = {}
         if config.api_key_env and (key := os.environ.get(config.api_key_env)):
             headers["Authorization"] = f"Bearer {key}"
-        return cls(route, [Upstream(url) for url in config.urls], headers, config.max_inflight)
+        by_index = pairing is Pairing.BY_INDEX
+        upstreams = [Upstream(url, i if by_index else 0) for i, url in enumerate(config.urls)]
+        return cls(route, upstreams, headers, config.max_inflight)
 
     @property
     def has_room(self) -> bool:
@@ -90,39 +102,92 @@ class Backend:
     def reachable(self) -> bool:
         return any(u.reachable for u in self.upstreams)
 
-    @property
-    def proven(self) -> bool:
-        """Healthy, and the endpoint a request would get has not failed since its last
-        success: safe to fail over to without a retry budget."""
-        upstream = self.pick()
+    def proven(self, within: Sequence[Upstream] = ()) -> bool:
+        """Healthy, and the endpoint a request would get (pick(within)) has not failed
+        since its last success: safe to fail over to without a retry budget."""
+        upstream = self.pick(within)
         return upstream.healthy and upstream.consecutive_failures == 0
 
-    def pick(self) -> Upstream:
-        """The least busy healthy endpoint, else a reachable one, else any."""
+    def pick(self, within: Sequence[Upstream] = ()) -> Upstream:
+        """The least busy healthy endpoint of `within` (a pair's endpoints of this
+        route), else of the whole route; else a reachable one, else any."""
         candidates = (
-            [u for u in self.upstreams if u.healthy]
+            [u for u in within if u.healthy]
+            or [u for u in self.upstreams if u.healthy]
             or [u for u in self.upstreams if u.reachable]
             or self.upstreams
         )
         return min(candidates, key=lambda u: u.inflight)
 
     def state(self, max_age_s: float = float("inf")) -> BackendState:
-        """Live state for the router; scraped figures older than max_age_s are unknown."""
-        scrapes = fresh((u.scrape for u in self.upstreams), max_age_s)
-        others = [_others(u) for u in self.upstreams if any(u.scrape is s for s in scrapes)]
-        known = [n for n in others if n is not None]
-        running = [s.running for s in scrapes if s.running is not None]
-        waiting = [s.waiting for s in scrapes if s.waiting is not None]
-        kv = [s.kv_usage for s in scrapes if s.kv_usage is not None]
-        return BackendState(
-            inflight=self.inflight,
-            prefill_tokens=self.prefill_tokens(),
-            healthy=self.healthy,
-            running=int(sum(running)) if running else None,
-            waiting=int(sum(waiting)) if waiting else None,
-            kv_cache_usage=max(kv) if kv else None,
-            others=sum(known) if known else None,
+        """Live state of all its endpoints; scraped figures older than max_age_s are unknown."""
+        return endpoints_state(self.upstreams, max_age_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """The speculative and baseline endpoints that share one GPU: what one decision
+    is about (backends.pairs; with the default, every endpoint of both routes)."""
+
+    index: int
+    speculative: tuple[Upstream, ...]
+    baseline: tuple[Upstream, ...]
+
+    def of(self, route: Route) -> tuple[Upstream, ...]:
+        return self.speculative if route is Route.SPECULATIVE else self.baseline
+
+    @property
+    def inflight(self) -> int:
+        """The gateway's requests in flight on its endpoints, both routes."""
+        return sum(u.inflight for u in (*self.speculative, *self.baseline))
+
+    @property
+    def healthy(self) -> bool:
+        return any(u.healthy for u in (*self.speculative, *self.baseline))
+
+    def state(self, max_age_s: float = float("inf")) -> LiveState:
+        """Live state of its endpoints only, for the policy's decision within the pair."""
+        return LiveState(
+            speculative=endpoints_state(self.speculative, max_age_s),
+            baseline=endpoints_state(self.baseline, max_age_s),
         )
+
+
+def endpoints_state(upstreams: Sequence[Upstream], max_age_s: float) -> BackendState:
+    """The router's view of some endpoints of one route, as if they were one server;
+    scraped figures older than max_age_s are unknown."""
+    scrapes = fresh((u.scrape for u in upstreams), max_age_s)
+    others = [_others(u) for u in upstreams if any(u.scrape is s for s in scrapes)]
+    known = [n for n in others if n is not None]
+    running = [s.running for s in scrapes if s.running is not None]
+    waiting = [s.waiting for s in scrapes if s.waiting is not None]
+    kv = [s.kv_usage for s in scrapes if s.kv_usage is not None]
+    return BackendState(
+        inflight=sum(u.inflight for u in upstreams),
+        prefill_tokens=sum(u.prefill_tokens for u in upstreams),
+        healthy=any(u.healthy for u in upstreams),
+        running=int(sum(running)) if running else None,
+        waiting=int(sum(waiting)) if waiting else None,
+        kv_cache_usage=max(kv) if kv else None,
+        others=sum(known) if known else None,
+    )
+
+
+def _pairs(backends: Iterable[Backend]) -> tuple[Pair, ...]:
+    """The pairs, from the pair index each endpoint was given."""
+    by_route = {b.route: b.upstreams for b in backends}
+    count = 1 + max(u.pair for upstreams in by_route.values() for u in upstreams)
+    pairs = tuple(
+        Pair(
+            i,
+            tuple(u for u in by_route[Route.SPECULATIVE] if u.pair == i),
+            tuple(u for u in by_route[Route.BASELINE] if u.pair == i),
+        )
+        for i in range(count)
+    )
+    if not all(p.speculative and p.baseline for p in pairs):
+        raise ValueError("backends: every pair needs a speculative and a baseline endpoint")
+    return pairs
 
 
 def _others(upstream: Upstream) -> int | None:
@@ -151,7 +216,10 @@ class BackendPool:
         self.probed = False  # the health prober has finished one round
         self._idle = asyncio.Event()  # nothing in flight anywhere: what a drain waits for
         self._idle.set()
-        self._backends = {route: Backend.from_config(route, config.of(route)) for route in Route}
+        self._backends = {
+            route: Backend.from_config(route, config.of(route), config.pairs) for route in Route
+        }
+        self.pairs = _pairs(self._backends.values())
         self.sources = AcceptanceSources(
             metrics,
             max_window_s=scrape_max_age_s,
@@ -161,6 +229,8 @@ class BackendPool:
             metrics.prefill_pending.labels(route.value).set_function(backend.prefill_tokens)
             metrics.inflight.labels(route.value).set(0)
             metrics.backend_up.labels(route.value).set(1)
+        for pair in self.pairs:  # set by learning (gateway/learning.py); NaN: not known yet
+            metrics.gpu_shared.labels(str(pair.index)).set(float("nan"))
 
     def of(self, route: Route) -> Backend:
         return self._backends[route]
@@ -168,12 +238,32 @@ class BackendPool:
     def __iter__(self) -> Iterator[Backend]:
         return iter(self._backends.values())
 
-    def live_state(self) -> LiveState:
+    def choose_pair(self) -> int:
+        """The pair a new request goes to: the least loaded (the gateway's requests in
+        flight on both its endpoints; ties to the lower index) of those with a healthy
+        endpoint (of all of them, when none has one)."""
+        usable = [p for p in self.pairs if p.healthy] or self.pairs
+        return min(usable, key=lambda p: (p.inflight, p.index)).index
+
+    def live_state(self, pair: int | None = None) -> LiveState:
+        """What a decision in `pair` sees: its endpoints only. None: every endpoint of
+        each route together (the live figures of /stats)."""
         age = self._scrape_max_age_s
+        if pair is not None:
+            return self.pairs[pair].state(age)
         return LiveState(
             speculative=self._backends[Route.SPECULATIVE].state(age),
             baseline=self._backends[Route.BASELINE].state(age),
         )
+
+    def pick(self, route: Route, pair: int) -> Upstream:
+        """The endpoint of `route` a request decided in `pair` goes to: the pair's own,
+        else (it is down) the least busy healthy one of the route."""
+        return self._backends[route].pick(self.pairs[pair].of(route))
+
+    def batch(self, route: Route, upstream: Upstream) -> int:
+        """Requests in flight on `route` in the pair of `upstream`: the batch it joined."""
+        return sum(u.inflight for u in self.pairs[upstream.pair].of(route))
 
     @contextlib.contextmanager
     def track(

@@ -21,6 +21,7 @@ from gateway.config import (
     BackendsConfig,
     Config,
     ConfigError,
+    check_pairs,
     load_config,
     normalize_backend_url,
 )
@@ -135,11 +136,17 @@ def resolve_config(
             "config: no config file; pass --config, or --backend speculative=URL"
             " and --backend baseline=URL"
         )
-    backends_cfg = config.backends
-    for route, url in overrides.items():
-        backends_cfg = dataclasses.replace(
-            backends_cfg, **{route.value: dataclasses.replace(backends_cfg.of(route), urls=(url,))}
-        )
+
+    def overridden(route: Route) -> BackendConfig:
+        backend, url = config.backends.of(route), overrides.get(route)
+        return backend if url is None else dataclasses.replace(backend, urls=(url,))
+
+    backends_cfg = dataclasses.replace(
+        config.backends,
+        speculative=overridden(Route.SPECULATIVE),
+        baseline=overridden(Route.BASELINE),
+    )
+    check_pairs(backends_cfg)  # one URL from the command line against a file's pairs
     server = dataclasses.replace(
         config.server,
         host=host if host is not None else config.server.host,

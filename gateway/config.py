@@ -86,10 +86,20 @@ class BackendConfig:
     max_inflight: int = 256
 
 
+class Pairing(enum.StrEnum):
+    """Which speculative and baseline URLs share a GPU (backends.pairs)."""
+
+    ONE = "one"  # all URLs of both routes are one pair: one GPU, or not said
+    BY_INDEX = "by-index"  # speculative urls[i] and baseline urls[i] share GPU i
+
+
 @dataclass(frozen=True, slots=True)
 class BackendsConfig:
     speculative: BackendConfig
     baseline: BackendConfig
+    # A host with N GPUs runs a pair per GPU: "by-index" pairs the routes' URLs
+    # by position, and the gateway routes within the least loaded pair.
+    pairs: Pairing = Pairing.ONE
 
     def of(self, route: Route) -> BackendConfig:
         return self.speculative if route is Route.SPECULATIVE else self.baseline
@@ -276,6 +286,18 @@ def _check(cfg: Config) -> None:
                 f"config: backends.{route}: num_speculative_tokens must be >= 1"
                 " and draft_cost_ratio >= 0"
             )
+    check_pairs(cfg.backends)
+
+
+def check_pairs(backends: BackendsConfig) -> None:
+    """backends.pairs = "by-index" needs a baseline URL for every speculative one."""
+    spec, base = len(backends.speculative.urls), len(backends.baseline.urls)
+    if backends.pairs is Pairing.BY_INDEX and spec != base:
+        raise ConfigError(
+            f'config: backends.pairs = "by-index" pairs speculative and baseline URLs by'
+            f" position, so it needs as many of each: got {spec} speculative"
+            f" (backends.speculative.urls) and {base} baseline (backends.baseline.urls)"
+        )
 
 
 def _build(cls: type[Any], raw: Any, path: str) -> Any:

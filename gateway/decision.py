@@ -43,14 +43,17 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     snapshot = app[RUNTIME].current
     config = snapshot.config
     _, _, features = await read_and_analyse(request, endpoint, config)
-    state = app[BACKENDS].live_state()
-    decision = preview(snapshot.policy, features, state)
+    pool = app[BACKENDS]
+    pair = pool.choose_pair()  # as a request would be: the pair first, then the route
+    state = pool.live_state(pair)
+    decision = preview(snapshot.policy, features, state, pair)
     k = config.backends.speculative.num_speculative_tokens
     return web.json_response(
         {
             "object": "specroute.decision",
             "forwarded": False,
             "policy": config.routing.policy,
+            "pair": pair,
             "route": decision.route.value,
             "reason": decision.reason,
             "predicted_s": _predicted(decision),
@@ -62,9 +65,9 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     )
 
 
-def preview(policy: Policy, features: RequestFeatures, state: LiveState) -> Decision:
-    """policy.decide(features, state) without touching `policy`: decided on a copy."""
-    return copy.deepcopy(policy).decide(features, state)
+def preview(policy: Policy, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
+    """policy.decide(features, state, pair) without touching `policy`: decided on a copy."""
+    return copy.deepcopy(policy).decide(features, state, pair)
 
 
 def _believed(features: RequestFeatures, policy: Policy, k: int) -> dict[str, object]:

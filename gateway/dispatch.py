@@ -5,6 +5,11 @@ failure before the client received a byte (connection refused, connect
 timeout, a 5xx status) is retried once on the other backend, within a retry
 budget; a 4xx is the client's problem and is relayed, and once bytes have
 been sent nothing is retried (the client would see a spliced answer).
+
+Every attempt goes to the decided pair's endpoint of its route (backends.pairs:
+the servers on one GPU), and to another healthy endpoint of that route only
+when the pair's is not healthy: failover tries the other route within the
+pair first.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Routed:
     # Counted in its backend's pending prefill until the first token comes back
     # (streams only: a non-streamed answer shows no first token).
     prefill_tokens: int = 0
+    pair: int = 0  # the GPU pair it was decided for (BackendPool.choose_pair)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +115,7 @@ async def _attempt(
     app = request.app
     pool = app[BACKENDS]
     backend = pool.of(route)
-    upstream = backend.pick()
+    upstream = pool.pick(route, routed.pair)
     meter = life.meter
     headers = {
         ROUTE_HEADER: route.value,
@@ -123,7 +129,7 @@ async def _attempt(
     tracked = pool.track(backend, upstream, routed.prefill_tokens, life.features)
     with tracked as prefilled, app[RELAYS].running():
         meter.on_first_token = prefilled
-        life.sent_to(route, backend.inflight)
+        life.sent_to(route, pool.batch(route, upstream))
         try:
             response = await open_upstream(
                 request,
@@ -144,12 +150,14 @@ async def _attempt(
                 if pool.of(route.other).has_room:
                     return _FailOver(budgeted=False, dead=True)
             elif (
-                failure.retryable and retry is _Retry.ANY and (move := _retry(pool, config, route))
+                failure.retryable
+                and retry is _Retry.ANY
+                and (move := _retry(pool, config, route, routed.pair))
             ):
                 return move
             return failure_response(meter, failure, headers)
         sick = response.status >= 500 and retry is _Retry.ANY
-        if sick and (move := _retry(pool, config, route)):
+        if sick and (move := _retry(pool, config, route, routed.pair)):
             response.close()
             pool.report_failure(backend, upstream, "http_5xx")
             return move
@@ -176,7 +184,7 @@ def _can_take(pool: BackendPool, config: Config, route: Route, *, ejected_too: b
     return config.upstream.failover and usable and backend.has_room
 
 
-def _retry(pool: BackendPool, config: Config, route: Route) -> _FailOver | None:
+def _retry(pool: BackendPool, config: Config, route: Route, pair: int) -> _FailOver | None:
     """Retry a sick backend's failure (5xx, connect timeout) on the other one.
 
     A healthy other backend with no failures of its own takes it freely: that is
@@ -185,7 +193,7 @@ def _retry(pool: BackendPool, config: Config, route: Route) -> _FailOver | None:
     """
     if not _can_take(pool, config, route.other, ejected_too=False):
         return None
-    if pool.of(route.other).proven:
+    if pool.of(route.other).proven(pool.pairs[pair].of(route.other)):
         return _FailOver(budgeted=False)
     upstream = config.upstream
     if pool.try_acquire_retry(upstream.retry_budget_ratio, upstream.retry_budget_min):

@@ -63,9 +63,11 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         raw, body, features = await read_and_analyse(request, endpoint, config)
         if (recorder := app.get(RECORDER)) is not None:
             recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
-        state = app[BACKENDS].live_state()
-        decision = _override(request, config) or snapshot.policy.decide(features, state)
-        life.decided(body, features, decision, state)
+        pool = app[BACKENDS]
+        pair = pool.choose_pair()  # the GPU pair first, then the route within it
+        state = pool.live_state(pair)
+        decision = _override(request, config) or snapshot.policy.decide(features, state, pair)
+        life.decided(body, features, decision, state, pair)
         raw, strip_usage = _ask_for_usage(body, raw)
         routed = Routed(
             decision.route,
@@ -75,6 +77,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             life.request_id,
             predicted_header(decision),
             features.prompt_tokens if features.stream else 0,
+            pair,
         )
         return await dispatch(request, routed, life, config)
     except (APIError, web.HTTPException) as exc:

@@ -23,8 +23,9 @@ def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:
     policy.learn(lesson)
     for workload, a in policy.estimated_acceptance().items():
         metrics.estimated_acceptance.labels(workload.value).set(a)
-    shared = policy.shared_gpu()
-    metrics.gpu_shared.set(float("nan") if shared is None else float(shared))
+    shared = policy.shared_gpu(lesson.pair)
+    gauge = metrics.gpu_shared.labels(str(lesson.pair))
+    gauge.set(float("nan") if shared is None else float(shared))
 
 
 def predicted_header(decision: Decision) -> str | None:

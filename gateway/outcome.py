@@ -43,6 +43,7 @@ def log_request(record: RequestRecord) -> None:
         reason=record.decision.reason if record.decision else None,
         failover_from=record.failover_from.value if record.failover_from else None,
         workload=record.features.workload.value if record.features else "none",
+        pair=record.pair,
         status=record.status,
         http_status=record.http_status,
         error=record.error,

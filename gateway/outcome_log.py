@@ -50,6 +50,7 @@ def outcome_line(record: RequestRecord, *, include_prompt: bool) -> dict[str, An
         "status": record.status,
         "http_status": record.http_status,
         "error": record.error,
+        "pair": record.pair,
         "batch": record.batch,
         "waiting": state.of(route).waiting if state else None,
         "ttft_s": rounded(record.ttft_s),

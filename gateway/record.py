@@ -96,8 +96,9 @@ class RequestLife:
     state: LiveState | None = None
     route: Route | None = None  # who answered, after any failover
     failover_from: Route | None = None
-    batch: int = 0  # requests in flight on that backend when sent, this one included
+    batch: int = 0  # requests in flight on that backend (in its pair) when sent, this one incl.
     body: dict[str, Any] = field(default_factory=dict)
+    pair: int = 0  # the GPU pair it was decided for (`state` is that pair's)
 
     @classmethod
     def start(cls, request_id: str, endpoint: Endpoint) -> RequestLife:
@@ -109,8 +110,10 @@ class RequestLife:
         features: RequestFeatures,
         decision: Decision,
         state: LiveState,
+        pair: int = 0,
     ) -> None:
         self.body, self.features, self.decision, self.state = body, features, decision, state
+        self.pair = pair
 
     def sent_to(self, route: Route, batch: int) -> None:
         self.route, self.batch = route, batch
@@ -154,6 +157,7 @@ class RequestLife:
             acceptance=acceptance,
             body=self.body,
             spec_metrics=spec_metrics,
+            pair=self.pair,
         )
 
 
@@ -182,6 +186,7 @@ class RequestRecord:
     # A successful speculative answer: did it carry vLLM's per-request metrics?
     # None for every other answer (no evidence either way).
     spec_metrics: bool | None = None
+    pair: int = 0  # the GPU pair it was decided for
 
     @property
     def predicted_s(self) -> float | None:
@@ -208,7 +213,7 @@ class RequestRecord:
         rate = self.acceptance.rate if self.acceptance else None
         return Lesson(
             self.route, self.features, self.state, self.ttft_s, self.duration_s,
-            self.prompt_tokens, self.completion_tokens, rate, self.predicted_s,
+            self.prompt_tokens, self.completion_tokens, rate, self.predicted_s, self.pair,
         )  # fmt: skip
 
 
@@ -226,6 +231,7 @@ class Lesson:
     completion_tokens: int
     acceptance: float | None
     predicted_s: float | None
+    pair: int = 0  # the GPU pair it was decided for: whose consolidation and topology learn
 
 
 def _status_label(meter: Meter) -> str:

@@ -111,11 +111,12 @@ class Metrics:
         )
         self.gpu_shared = Gauge(
             "specroute_gpu_shared",
-            "Whether the router treats both servers as sharing one GPU: 1 yes, 0 a GPU each, "
-            'NaN while it measures (shared_gpu = "auto") or for a policy without the notion',
+            "Whether the router treats a pair's two servers as sharing one GPU: 1 yes, 0 a GPU "
+            'each, NaN while it measures (shared_gpu = "auto") or for a policy without the '
+            "notion; by pair (backends.pairs: 0 .. GPUs-1)",
+            ["pair"],
             registry=r,
         )
-        self.gpu_shared.set(float("nan"))
         self.estimated_acceptance = Gauge(
             "specroute_estimated_acceptance",
             "The cost model's per-position draft acceptance estimate a, by workload.",

@@ -4,11 +4,12 @@ Starts two emulated vLLM servers (speculative and baseline, GPU-shaped timing)
 and the gateway in one process. The gateway starts from neutral priors (it is
 not told the emulator's truth); with --warmup N, first N requests per workload
 of the same mix, with other prompts, go through the gateway alone and what it
-learned is printed (routes and believed acceptance per workload). Then a short `specroute bench` of the
-demo mix runs through the baseline directly, the speculative server directly
-and the gateway: per workload what each route gave, what the gateway chose,
-and its regret against the per-request oracle. It is the bench's core with
-fixed choices, so the two can never disagree about a figure.
+learned is printed (routes and believed acceptance per workload). Then a short
+`specroute bench` of the demo mix runs through the baseline directly, the
+speculative server directly and the gateway: per workload what each route
+gave, what the gateway chose, and its regret against the per-request oracle.
+It is the bench's core with fixed choices, so the two can never disagree about
+a figure.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ Used by `specroute demo`, `specroute serve --emulate` and the benchmarks: the
 same app factories as production, run under AppRunner with handler
 cancellation on, on 127.0.0.1 ephemeral ports.
 
+`pairs=2` runs a host with two GPUs as deployed there: a pair per GPU, four
+emulated servers; speculative i and baseline i share emulated GPU i (each its
+own, with gpus=2), and the gateway is told which pair is which
+(`backends.pairs = "by-index"`).
+
 `with_dynamic=True` also starts the single-server alternative to the whole
 stack: one emulated vLLM with dynamic speculative decoding (K per batch size,
 vLLM's num_speculative_tokens_per_batch_size), on an emulated GPU of its own
@@ -19,7 +24,7 @@ import asyncio
 import contextlib
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +49,8 @@ class LocalStack:
     gpus: int  # 1: both servers share one emulated GPU (as deployed); 2: one each
     dynamic: str | None = None  # with_dynamic: one dynamic-SD server, its own GPU, no gateway
     dynamic_emulator: EmulatorConfig | None = None  # its knobs, the K schedule included
+    # (speculative, baseline) URLs of each pair; pair 0's are `speculative` and `baseline`.
+    pairs: tuple[tuple[str, str], ...] = ()
 
 
 async def serve_app(
@@ -75,18 +82,25 @@ async def wait_healthy(url: str, timeout_s: float = 20.0) -> None:
 
 
 def gateway_config(
-    spec_url: str, base_url: str, emulator: EmulatorConfig, **overrides: Any
+    spec_url: str | Sequence[str],
+    base_url: str | Sequence[str],
+    emulator: EmulatorConfig,
+    **overrides: Any,
 ) -> Config:
     """A gateway config for the emulated pair: k and c as the speculative emulator runs them.
-    Whether the two share a GPU is not told (shared_gpu = "auto"): the gateway measures it."""
+    Whether the two share a GPU is not told (shared_gpu = "auto"): the gateway measures it.
+    Several URLs per route are pairs by index (speculative i with baseline i)."""
+    spec_urls = [spec_url] if isinstance(spec_url, str) else list(spec_url)
+    base_urls = [base_url] if isinstance(base_url, str) else list(base_url)
     raw: dict[str, Any] = {
         "backends": {
             "speculative": {
-                "urls": [spec_url],
+                "urls": spec_urls,
                 "num_speculative_tokens": emulator.num_speculative_tokens,
                 "draft_cost_ratio": emulator.draft_cost_ratio,
             },
-            "baseline": {"urls": [base_url]},
+            "baseline": {"urls": base_urls},
+            **({"pairs": "by-index"} if len(spec_urls) > 1 else {}),
         },
         "upstream": {"scrape_interval_s": 0.5, "health_interval_s": 1.0},
     }
@@ -104,16 +118,21 @@ async def local_stack(
     gateway_host: str = "127.0.0.1",
     gateway_port: int = 0,
     gpus: int = 1,
+    pairs: int = 1,
     with_dynamic: bool = False,
     dynamic_schedule: Schedule | None = None,
     **gateway_overrides: Any,
 ) -> AsyncIterator[LocalStack]:
     """gpus=2 gives each server its own emulated GPU (a host with two; the cost
     model is told so), to compare with the deployment in deploy/, which is one.
+    pairs=N runs N such pairs, as on a host with N GPUs (speculative i and baseline i
+    share GPU i with gpus=1), the gateway told backends.pairs = "by-index".
     with_dynamic adds a dynamic-SD server (dynamic_schedule: its K per batch size,
     as vLLM's num_speculative_tokens_per_batch_size; None: the emulator's default)."""
     if gpus not in (1, 2):
         raise ValueError(f"local_stack: gpus is 1 or 2, not {gpus}")
+    if pairs < 1:
+        raise ValueError(f"local_stack: pairs must be >= 1, not {pairs}")
     if dynamic_schedule is not None and not with_dynamic:
         raise ValueError("local_stack: dynamic_schedule needs with_dynamic=True")
     spec_cfg = EmulatorConfig(
@@ -125,14 +144,18 @@ async def local_stack(
     )
     base_cfg = replace(spec_cfg, mode="baseline", per_request_spec_decode_metrics="none")
     runners: list[web.AppRunner] = []
-    shared = SharedGpu()  # both servers on one GPU, as deployed
-    spec_gpu, base_gpu = (shared, shared) if gpus == 1 else (SharedGpu(), SharedGpu())
+    urls: list[tuple[str, str]] = []
     try:
-        spec_runner, spec_url = await serve_app(create_emulator_app(spec_cfg, spec_gpu))
-        runners.append(spec_runner)
-        base_runner, base_url = await serve_app(create_emulator_app(base_cfg, base_gpu))
-        runners.append(base_runner)
-        config = gateway_config(spec_url, base_url, spec_cfg, **gateway_overrides)
+        for _ in range(pairs):
+            shared = SharedGpu()  # both servers on one GPU, as deployed
+            spec_gpu, base_gpu = (shared, shared) if gpus == 1 else (SharedGpu(), SharedGpu())
+            spec_runner, spec_url = await serve_app(create_emulator_app(spec_cfg, spec_gpu))
+            runners.append(spec_runner)
+            base_runner, base_url = await serve_app(create_emulator_app(base_cfg, base_gpu))
+            runners.append(base_runner)
+            urls.append((spec_url, base_url))
+        spec_urls, base_urls = [s for s, _ in urls], [b for _, b in urls]
+        config = gateway_config(spec_urls, base_urls, spec_cfg, **gateway_overrides)
         gw_runner, gw_url = await serve_app(
             create_app(config, tokens=tokens), gateway_host, gateway_port
         )
@@ -144,7 +167,10 @@ async def local_stack(
             )
             dyn_runner, dyn_url = await serve_app(create_emulator_app(dyn_cfg, SharedGpu()))
             runners.append(dyn_runner)
-        yield LocalStack(spec_url, base_url, gw_url, spec_cfg, gpus, dyn_url, dyn_cfg)
+        spec_url, base_url = urls[0]
+        yield LocalStack(
+            spec_url, base_url, gw_url, spec_cfg, gpus, dyn_url, dyn_cfg, pairs=tuple(urls)
+        )
     finally:
         for runner in reversed(runners):
             await runner.cleanup()

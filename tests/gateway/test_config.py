@@ -11,7 +11,7 @@ import pytest
 from classifier import Endpoint, TokenCounter, Workload, extract_features
 from classifier.policy import GuardsConfig, Route
 from gateway.cli import resolve_config
-from gateway.config import ConfigError, load_config, parse_config
+from gateway.config import ConfigError, Pairing, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2/v1/"]}}
@@ -155,3 +155,52 @@ def test_serve_with_a_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "specroute: config: unknown key 'server.hots'"
+
+
+def test_pairs_default_to_one_pair_of_every_url() -> None:
+    """Without backends.pairs the gateway does what it always did: all URLs of both
+    routes are one pair (one GPU, or not said)."""
+    two_each = {
+        "speculative": {"urls": ["http://s0:1", "http://s1:1"]},
+        "baseline": {"urls": ["http://b0:2", "http://b1:2", "http://b2:2"]},
+    }
+    assert parse_config({"backends": two_each}).backends.pairs is Pairing.ONE
+    by_index = {**BACKENDS, "pairs": "by-index"}
+    assert parse_config({"backends": by_index}).backends.pairs is Pairing.BY_INDEX
+
+
+@pytest.mark.parametrize(
+    ("backends", "message"),
+    [
+        (
+            {
+                "pairs": "by-index",
+                "speculative": {"urls": ["http://s0:1", "http://s1:1"]},
+                "baseline": {"urls": ["http://b0:2", "http://b1:2", "http://b2:2"]},
+            },
+            'backends.pairs = "by-index" pairs speculative and baseline URLs by position, so it'
+            " needs as many of each: got 2 speculative (backends.speculative.urls) and 3"
+            " baseline (backends.baseline.urls)",
+        ),
+        ({**BACKENDS, "pairs": "per-gpu"}, "backends.pairs must be one of one, by-index"),
+    ],
+)
+def test_bad_pairs_fail_with_the_counts_named(backends: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"backends": backends})
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_a_command_line_backend_cannot_unpair_the_file(tmp_path: Path) -> None:
+    """--backend replaces a route's URLs with one: against a file's two pairs by index,
+    a config error, not a gateway that pairs by position what is no longer paired."""
+    path = tmp_path / "pairs.toml"
+    path.write_text(
+        '[backends]\npairs = "by-index"\n'
+        '[backends.speculative]\nurls = ["http://s0:1", "http://s1:1"]\n'
+        '[backends.baseline]\nurls = ["http://b0:2", "http://b1:2"]\n'
+    )
+    assert load_config(path).backends.pairs is Pairing.BY_INDEX
+    with pytest.raises(ConfigError, match=r"got 1 speculative .* and 2 baseline"):
+        resolve_config(path, None, None, ["speculative=http://s:1"])
