@@ -39,7 +39,7 @@ wait_gone() {
 }
 
 rc=0
-for name in speculative baseline; do
+for name in speculative baseline dynamic; do
     pidf="$run_dir/$name.pid"
     [[ -f "$pidf" ]] || continue
     pgid=$(<"$pidf")

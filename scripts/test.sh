@@ -67,5 +67,5 @@ if [[ "${SPECROUTE_SKIP_VLLM:-0}" == "1" ]]; then
     exit 0
 fi
 echo "== real-vLLM tier (deploy/cpu: install, start the pair, test through it, stop)"
-bash deploy/cpu/run_tier.sh
+bash deploy/cpu/run_tier.sh --dynamic default  # the pair, and one dynamic-SD server
 echo "== all tiers took $((SECONDS - t0)) s"

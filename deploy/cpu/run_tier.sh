@@ -40,6 +40,10 @@ t0=$SECONDS
 lines="$(bash "$here/up.sh" ${up_args[@]+"${up_args[@]}"})"
 SPECROUTE_VLLM_BACKENDS="$(paste -sd, <<<"$lines")"
 export SPECROUTE_VLLM_BACKENDS
+if [[ -f "$run_dir/dynamic" ]]; then  # up.sh --dynamic: the single-server alternative too
+    SPECROUTE_VLLM_DYNAMIC="$(sed -n 's/^dynamic=//p' "$run_dir/dynamic")"
+    export SPECROUTE_VLLM_DYNAMIC
+fi
 printf '[run_tier] pair up in %d s: %s\n' "$((SECONDS - t0))" "$SPECROUTE_VLLM_BACKENDS" >&2
 
 t1=$SECONDS

@@ -5,7 +5,8 @@
 #
 #   deploy/cpu/up.sh [--spec ngram|draft] [--spec-port P] [--base-port P]
 #                    [--run-dir DIR] [--timeout S] [--model-name NAME]
-#                    [--spec-metrics summary|detailed] [-- EXTRA_VLLM_ARGS...]
+#                    [--spec-metrics summary|detailed] [--dynamic SCHEDULE]
+#                    [--dynamic-port P] [-- EXTRA_VLLM_ARGS...]
 #
 # The speculative server runs with --per-request-spec-decode-metrics (default
 # level `detailed`): responses then carry metrics.speculative_decoding (the
@@ -24,6 +25,14 @@
 # $SPECROUTE_CACHE/run). On failure, the failing server's log tail goes to
 # stderr, whatever was started is stopped, and the exit status is non-zero.
 # Stop with deploy/cpu/down.sh [--run-dir DIR].
+#
+# --dynamic SCHEDULE also starts a THIRD server, "dynamic": one vLLM with
+# dynamic speculative decoding, vLLM 0.32's num_speculative_tokens_per_batch_size
+# (SCHEDULE: its JSON list of inclusive [first, last, K] batch-size ranges, e.g.
+# '[[1,2,4],[3,4,2],[5,256,0]]', or `default` for that one), the single-server
+# alternative to the pair. It shares core 0 with the speculative server, so
+# time it only while the pair is idle. Its URL is not on stdout (the two lines
+# stay the pair's): it goes to stderr and to RUN_DIR/dynamic as dynamic=URL.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,6 +50,8 @@ timeout_s=300
 model_name="smollm2-135m"
 max_model_len=2048
 spec_metrics="detailed"
+dynamic=""
+dynamic_port=8103
 extra_args=()
 
 usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
@@ -56,6 +67,8 @@ while [[ $# -gt 0 ]]; do
         --timeout) timeout_s="${2:?--timeout needs a value}"; shift 2 ;;
         --model-name) model_name="${2:?--model-name needs a value}"; shift 2 ;;
         --spec-metrics) spec_metrics="${2:?--spec-metrics needs a value}"; shift 2 ;;
+        --dynamic) dynamic="${2:?--dynamic needs a schedule or default}"; shift 2 ;;
+        --dynamic-port) dynamic_port="${2:?--dynamic-port needs a value}"; shift 2 ;;
         --) shift; extra_args=("$@"); break ;;
         -h|--help) usage; exit 0 ;;
         *) usage; die "unknown argument: $1" ;;
@@ -69,6 +82,14 @@ case "$spec" in
 esac
 [[ "$spec_port" =~ ^[0-9]+$ && "$base_port" =~ ^[0-9]+$ ]] || die "ports must be numbers"
 [[ "$spec_port" != "$base_port" ]] || die "--spec-port and --base-port must differ"
+[[ "$dynamic" == default ]] && dynamic='[[1,2,4],[3,4,2],[5,256,0]]'
+if [[ -n "$dynamic" ]]; then
+    [[ "$dynamic_port" =~ ^[0-9]+$ ]] || die "--dynamic-port must be a number"
+    [[ "$dynamic_port" != "$spec_port" && "$dynamic_port" != "$base_port" ]] \
+        || die "--dynamic-port must differ from the pair's ports"
+    [[ "$dynamic" =~ ^\[.*\]$ ]] || die "--dynamic wants a JSON list like '[[1,2,4],[3,256,0]]' or default"
+    dynamic_config="${spec_config%\}},\"num_speculative_tokens_per_batch_size\":$dynamic}"
+fi
 [[ "$timeout_s" =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds"
 [[ "$spec_metrics" == summary || "$spec_metrics" == detailed ]] \
     || die "--spec-metrics must be summary or detailed"
@@ -91,10 +112,10 @@ if compgen -G "$run_dir/*.pid" >/dev/null; then
     log "stopping the previous pair in $run_dir"
     bash "$here/down.sh" --run-dir "$run_dir"
 fi
-for p in "$base_port" "$spec_port"; do
+for p in "$base_port" "$spec_port" ${dynamic:+"$dynamic_port"}; do
     if port_in_use "$p"; then die "port $p on 127.0.0.1 is already in use"; fi
 done
-rm -f "$run_dir/backends"
+rm -f "$run_dir/backends" "$run_dir/dynamic"
 
 # vLLM's CPU docs ask for Intel OpenMP (shipped in the venv by intel-openmp)
 # and tcmalloc (Debian: libtcmalloc-minimal4) in LD_PRELOAD; speculative
@@ -153,6 +174,14 @@ start speculative "$spec_port" 0 \
     --speculative-config "$spec_config" \
     --per-request-spec-decode-metrics "$spec_metrics"
 wait_ready speculative "http://127.0.0.1:$spec_port"
+if [[ -n "$dynamic" ]]; then
+    start dynamic "$dynamic_port" 0 \
+        --speculative-config "$dynamic_config" \
+        --per-request-spec-decode-metrics "$spec_metrics"
+    wait_ready dynamic "http://127.0.0.1:$dynamic_port"
+    printf 'dynamic=http://127.0.0.1:%s\n' "$dynamic_port" >"$run_dir/dynamic"
+    log "dynamic=http://127.0.0.1:$dynamic_port ($dynamic_config)"
+fi
 
 printf 'speculative=http://127.0.0.1:%s\nbaseline=http://127.0.0.1:%s\n' "$spec_port" "$base_port" \
     | tee "$run_dir/backends"
