@@ -245,6 +245,12 @@ class BackendPool:
         usable = [p for p in self.pairs if p.healthy] or self.pairs
         return min(usable, key=lambda p: (p.inflight, p.index)).index
 
+    def for_decision(self) -> tuple[int, LiveState]:
+        """What a new request is decided on: its pair, chosen first, and that pair's
+        state. One method, so that /decide's dry run and a real request agree."""
+        pair = self.choose_pair()
+        return pair, self.live_state(pair)
+
     def live_state(self, pair: int | None = None) -> LiveState:
         """What a decision in `pair` sees: its endpoints only. None: every endpoint of
         each route together (the live figures of /stats)."""

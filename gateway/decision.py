@@ -43,9 +43,9 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     snapshot = app[RUNTIME].current
     config = snapshot.config
     _, _, features = await read_and_analyse(request, endpoint, config)
-    pool = app[BACKENDS]
-    pair = pool.choose_pair()  # as a request would be: the pair first, then the route
-    state = pool.live_state(pair)
+    pair, state = app[
+        BACKENDS
+    ].for_decision()  # as a request would be: the pair first, then the route
     decision = preview(snapshot.policy, features, state, pair)
     k = config.backends.speculative.num_speculative_tokens
     return web.json_response(

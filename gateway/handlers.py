@@ -63,9 +63,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         raw, body, features = await read_and_analyse(request, endpoint, config)
         if (recorder := app.get(RECORDER)) is not None:
             recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
-        pool = app[BACKENDS]
-        pair = pool.choose_pair()  # the GPU pair first, then the route within it
-        state = pool.live_state(pair)
+        pair, state = app[BACKENDS].for_decision()  # the GPU pair first, then the route within it
         decision = _override(request, config) or snapshot.policy.decide(features, state, pair)
         life.decided(body, features, decision, state, pair)
         raw, strip_usage = _ask_for_usage(body, raw)
