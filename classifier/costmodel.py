@@ -348,7 +348,9 @@ class CostModelPolicy:
             route, reason = BASE, guard
         elif gpu_busy:
             lean = self._lean(gpu, loads, state, features.n)
-            route, reason = self._consolidate(gpu.consolidation, inflight, lean)
+            route, reason = self._consolidate(
+                gpu.consolidation, inflight, lean, settled=not gpu.topology.measuring
+            )
             # A probe tells only beside a batch of 2 or more (the two hypotheses differ).
             testable = inflight[route] >= 2 and self._has_room(route.other, state)
             if testable and gpu.topology.probe_now():
@@ -379,7 +381,12 @@ class CostModelPolicy:
         return route is BASE or guard is None or (busy_ok and guard == "spec-busy")
 
     def _consolidate(
-        self, target: ConsolidationTarget, inflight: dict[Route, int], lean: Route
+        self,
+        target: ConsolidationTarget,
+        inflight: dict[Route, int],
+        lean: Route,
+        *,
+        settled: bool,
     ) -> tuple[Route, str]:
         """One GPU with requests in flight: keep the batch on the target server."""
         # The carrier must be able to take the load the GPU has been under, not
@@ -387,7 +394,7 @@ class CostModelPolicy:
         # hand them back at the guard's limit, a split either way).
         total = max(inflight[SPEC] + inflight[BASE] + 1, target.load)
         allowed = frozenset((SPEC, BASE) if total <= self._guards.spec_max_inflight else (BASE,))
-        return target.update(inflight, allowed, lean), "consolidate"
+        return target.update(inflight, allowed, lean, stray_trials=settled), "consolidate"
 
     def _lean(self, gpu: _Pair, loads: dict[Route, RouteLoad], state: LiveState, n: int) -> Route:
         """Which server the cost model predicts faster for the whole batch in flight.
