@@ -68,4 +68,6 @@ if [[ "${SPECROUTE_SKIP_VLLM:-0}" == "1" ]]; then
 fi
 echo "== real-vLLM tier (deploy/cpu: install, start the pair, test through it, stop)"
 bash deploy/cpu/run_tier.sh --dynamic default  # the pair, and one dynamic-SD server
+echo "== real-vLLM tier with vLLM's default: no per-request speculative metrics"
+bash deploy/cpu/run_tier.sh --spec-metrics off -- -m vllm tests/vllm/test_counters_real_vllm.py
 echo "== all tiers took $((SECONDS - t0)) s"

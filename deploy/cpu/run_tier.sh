@@ -25,11 +25,16 @@ done
 [[ ${#pytest_args[@]} -gt 0 ]] || pytest_args=(-m vllm tests/vllm)
 
 run_dir="${SPECROUTE_CACHE:-$HOME/.cache/specroute}/run"
+spec_metrics="detailed"  # up.sh's default; the tests read it to know what to expect
 for ((i = 0; i < ${#up_args[@]}; i++)); do
     if [[ "${up_args[$i]}" == "--run-dir" && $((i + 1)) -lt ${#up_args[@]} ]]; then
         run_dir="${up_args[$((i + 1))]}"
     fi
+    if [[ "${up_args[$i]}" == "--spec-metrics" && $((i + 1)) -lt ${#up_args[@]} ]]; then
+        spec_metrics="${up_args[$((i + 1))]}"
+    fi
 done
+export SPECROUTE_VLLM_SPEC_METRICS="$spec_metrics"
 
 python_bin="$root/.venv/bin/python"
 [[ -x "$python_bin" ]] || python_bin="python3"

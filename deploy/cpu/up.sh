@@ -5,13 +5,15 @@
 #
 #   deploy/cpu/up.sh [--spec ngram|draft] [--spec-port P] [--base-port P]
 #                    [--run-dir DIR] [--timeout S] [--model-name NAME]
-#                    [--spec-metrics summary|detailed] [--dynamic SCHEDULE]
+#                    [--spec-metrics summary|detailed|off] [--dynamic SCHEDULE]
 #                    [--dynamic-port P] [-- EXTRA_VLLM_ARGS...]
 #
 # The speculative server runs with --per-request-spec-decode-metrics (default
 # level `detailed`): responses then carry metrics.speculative_decoding (the
 # non-stream body, or the final usage chunk of a stream with
-# stream_options.include_usage). Arguments after `--` go to both servers
+# stream_options.include_usage); `--spec-metrics off` starts it as vLLM does by
+# default, without them (the gateway then learns acceptance from the /metrics
+# counters, by attribution). Arguments after `--` go to both servers
 # (e.g. `-- --enable-per-request-metrics` for per-request timing metrics).
 #
 # The baseline starts first; the speculative server starts once the baseline
@@ -54,7 +56,7 @@ dynamic=""
 dynamic_port=8103
 extra_args=()
 
-usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '2,37p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
 die() { printf '[up] ERROR: %s\n' "$*" >&2; exit 1; }
 log() { printf '[up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -91,8 +93,10 @@ if [[ -n "$dynamic" ]]; then
     dynamic_config="${spec_config%\}},\"num_speculative_tokens_per_batch_size\":$dynamic}"
 fi
 [[ "$timeout_s" =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds"
-[[ "$spec_metrics" == summary || "$spec_metrics" == detailed ]] \
-    || die "--spec-metrics must be summary or detailed"
+[[ "$spec_metrics" == summary || "$spec_metrics" == detailed || "$spec_metrics" == off ]] \
+    || die "--spec-metrics must be summary, detailed or off"
+spec_metrics_args=()  # off: vLLM's default, no per-request speculative metrics
+[[ "$spec_metrics" == off ]] || spec_metrics_args=(--per-request-spec-decode-metrics "$spec_metrics")
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -172,12 +176,12 @@ start baseline "$base_port" 1
 wait_ready baseline "http://127.0.0.1:$base_port"
 start speculative "$spec_port" 0 \
     --speculative-config "$spec_config" \
-    --per-request-spec-decode-metrics "$spec_metrics"
+    ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
 wait_ready speculative "http://127.0.0.1:$spec_port"
 if [[ -n "$dynamic" ]]; then
     start dynamic "$dynamic_port" 0 \
         --speculative-config "$dynamic_config" \
-        --per-request-spec-decode-metrics "$spec_metrics"
+        ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
     wait_ready dynamic "http://127.0.0.1:$dynamic_port"
     printf 'dynamic=http://127.0.0.1:%s\n' "$dynamic_port" >"$run_dir/dynamic"
     log "dynamic=http://127.0.0.1:$dynamic_port ($dynamic_config)"

@@ -25,7 +25,11 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
+from classifier.tokens import load_tiktoken_counter
+from gateway.app import create_app
+from gateway.config import parse_config
 from tests.support import skip_unless_ci
+from tooling.local_stack import serve_app
 
 ENV = "SPECROUTE_VLLM_BACKENDS"
 ROUTES = ("speculative", "baseline")
@@ -157,3 +161,23 @@ def scrape(http: aiohttp.ClientSession) -> Callable[[str], Awaitable[Scrape]]:
             return parse_metrics(await r.text())
 
     return _scrape
+
+
+@pytest.fixture
+async def cost_model_gateway(backends: Backends) -> AsyncIterator[str]:
+    """config.toml's defaults (the cost model), told only the URLs and k = 4 (up.sh's)."""
+    config = parse_config(
+        {
+            "backends": {
+                "speculative": {"urls": [backends.speculative], "num_speculative_tokens": 4},
+                "baseline": {"urls": [backends.baseline]},
+            },
+            "upstream": {"scrape_interval_s": 0.5},
+        }
+    )
+    assert config.routing.policy == "cost-model"
+    runner, url = await serve_app(create_app(config, tokens=load_tiktoken_counter()))
+    try:
+        yield url
+    finally:
+        await runner.cleanup()

@@ -17,16 +17,10 @@ Needs SPECROUTE_VLLM_BACKENDS (deploy/cpu/run_tier.sh sets it).
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-
-from classifier.tokens import load_tiktoken_counter
-from gateway.app import create_app
-from gateway.config import parse_config
-from tooling.local_stack import serve_app
 
 pytestmark = pytest.mark.vllm
 
@@ -81,26 +75,6 @@ def creative(i: int, model: str) -> dict[str, Any]:
         "temperature": 1.2,
         "max_tokens": 48,
     }
-
-
-@pytest.fixture
-async def cost_model_gateway(backends: Any) -> AsyncIterator[str]:
-    """config.toml's defaults (the cost model), told only the URLs and k = 4 (up.sh's)."""
-    config = parse_config(
-        {
-            "backends": {
-                "speculative": {"urls": [backends.speculative], "num_speculative_tokens": 4},
-                "baseline": {"urls": [backends.baseline]},
-            },
-            "upstream": {"scrape_interval_s": 0.5},
-        }
-    )
-    assert config.routing.policy == "cost-model"
-    runner, url = await serve_app(create_app(config, tokens=load_tiktoken_counter()))
-    try:
-        yield url
-    finally:
-        await runner.cleanup()
 
 
 async def _send(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[str, str]:

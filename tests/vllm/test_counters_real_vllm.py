@@ -1,0 +1,89 @@
+"""vLLM's defaults, where they matter: no per-request speculative metrics.
+
+vLLM sends an answer's drafted and accepted tokens only with
+--per-request-spec-decode-metrics, which is off unless asked for. Here the
+speculative server runs without it (deploy/cpu/run_tier.sh --spec-metrics off,
+scripts/test.sh's second tier run), and the default gateway must learn
+acceptance from the server-wide /metrics counters by attributing each scrape
+window to the requests decoding in it (gateway/acceptance_sources.py). One
+request at a time, every window holds one workload, so the attributed rate
+must match the counters' own rate over the same requests.
+
+Skipped in a tier whose speculative server sends per-request metrics (run_tier
+exports SPECROUTE_VLLM_SPEC_METRICS from up.sh's --spec-metrics).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support import wait_until
+from tests.vllm.conftest import parse_metrics
+from tests.vllm.test_costmodel_real_vllm import repeat_code
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        os.environ.get("SPECROUTE_VLLM_SPEC_METRICS") != "off",
+        reason="needs the pair started with --spec-metrics off (scripts/test.sh's second tier run)",
+    ),
+]
+
+REQUESTS = 40  # 24 drafted 896 tokens (0.61 accepted), short of the 0.03 standard error
+DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+
+
+async def test_the_speculative_server_runs_with_vllms_default(
+    http: aiohttp.ClientSession, backends: Any
+) -> None:
+    body = repeat_code(0, backends.model)
+    async with http.post(f"{backends.speculative}/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        answer = await resp.json()
+    assert not (answer.get("metrics") or {}).get("speculative_decoding"), answer.get("metrics")
+
+
+async def test_acceptance_is_attributed_from_the_counters(
+    cost_model_gateway: str,
+    http: aiohttp.ClientSession,
+    scrape: Callable[[str], Awaitable[Any]],
+    backends: Any,
+) -> None:
+    before = await scrape(backends.speculative)
+    routes = []
+    for i in range(REQUESTS):  # one at a time: each scrape window holds code only
+        async with http.post(
+            f"{cost_model_gateway}/v1/chat/completions", json=repeat_code(i, backends.model)
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+            routes.append(resp.headers["x-specroute-route"])
+    assert routes.count("speculative") >= REQUESTS // 2, routes
+
+    async def attributed() -> tuple[dict[str, Any], float] | None:
+        async with http.get(f"{cost_model_gateway}/ready") as resp:
+            ready = await resp.json()
+        async with http.get(f"{cost_model_gateway}/metrics") as resp:
+            ours = parse_metrics(await resp.text())
+        rate = ours.get("specroute_attributed_acceptance_rate", workload="code")
+        done = ready["acceptance_source"] == "counter_attribution" and math.isfinite(rate)
+        return (ready, rate) if done else None
+
+    # The last window lands with the next scrape (every 0.5 s).
+    ready, rate = await wait_until(
+        attributed, "counter attribution in use, with a rate for code", ignoring=(KeyError,)
+    )
+    assert ready["per_request_metrics"] is False, ready
+
+    after = await scrape(backends.speculative)
+    drafted = after.get(DRAFTED) - before.get(DRAFTED)
+    truth = (after.get(ACCEPTED) - before.get(ACCEPTED)) / drafted
+    assert drafted > 1000, drafted
+    assert abs(rate - truth) < 0.05, (rate, truth, drafted)
