@@ -241,6 +241,21 @@ def _humaneval_problems(package: Package) -> tuple[Problem, ...]:
     return read_humaneval(data_file(package))
 
 
+def require(workload: str) -> None:
+    """Fail now, with the package to install, if a workload's data file is missing:
+    before a bench starts servers, not after (the file is parsed only when used)."""
+    if workload not in WORKLOADS:
+        return
+    package = HUMANEVAL if workload == "humaneval" else SHAREGPT
+    try:
+        path = data_file(package)
+    except DatasetError as exc:
+        raise DatasetError(f"workload {workload} {exc}") from None
+    if not path.is_file():
+        broken = _broken(package, path, "cannot be read (No such file or directory)")
+        raise DatasetError(f"workload {workload} {broken}")
+
+
 def _sharegpt_for(workload: str) -> ShareGPTIndex:
     try:
         return sharegpt_index()

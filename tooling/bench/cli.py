@@ -1,7 +1,7 @@
 """`specroute bench` flags -> BenchOptions, and the run (optionally on an emulated stack).
 
     specroute bench --target baseline=URL --target speculative=URL --target gateway=URL
-        [--workload mixed|demo|NAME[,NAME...]|FILE.jsonl]
+        [--workload mixed|demo|real|NAME[,NAME...]|FILE.jsonl]
         [--concurrency 1,4,16 | --rate 2,8 | --replay-timing [--time-scale X]]
         [--requests N] [--duration S] [--json OUT.json] [--plot OUT.png]
     specroute bench --emulate ...      # the three targets on EMULATED backends, in-process
@@ -28,6 +28,7 @@ from gateway.config import ConfigError, normalize_backend_url
 from tooling.bench import BenchOptions, BenchOutcome, run_bench
 from tooling.bench.plan import builtin_names, is_file, parse_list
 from tooling.bench.stats import DYNAMIC
+from tooling.datasets import require as require_dataset
 from tooling.emulator.dynamic import Schedule, schedule_arg
 
 
@@ -64,8 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         default="mixed",
-        help="mixed, demo, built-in names (structured,sql,code,creative,rag,chat) or a "
-        "JSONL of request bodies / recorded requests (default: mixed)",
+        help="a mix (mixed, demo, real), workload names (synthetic: structured, sql, code, "
+        "creative, rag, chat; real traffic, with specroute[traffic]: sharegpt, humaneval, "
+        "json-extract) comma-separated, or a JSONL of request bodies / recorded requests "
+        "(default: mixed)",
     )
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", help="closed loop: requests in flight, e.g. 1,4,16,64")
@@ -124,7 +127,8 @@ def options(args: argparse.Namespace, argv: list[str]) -> BenchOptions:
         raise ConfigError("--dynamic-schedule needs --with-dynamic")
     if not is_file(args.workload):
         try:
-            builtin_names(args.workload)
+            for name in builtin_names(args.workload):
+                require_dataset(name)  # before --emulate starts anything
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     if args.replay_timing and not is_file(args.workload):
