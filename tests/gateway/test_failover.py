@@ -237,6 +237,26 @@ async def test_upstream_dying_mid_stream_ends_the_stream_with_an_error_event(
     )
 
 
+async def test_an_error_event_from_vllm_mid_stream_is_a_failed_request(
+    gateway: Client, spec_upstream: FakeUpstream, base_upstream: FakeUpstream
+) -> None:
+    """vLLM ends a stream that fails after its status went out with an error event
+    and [DONE]. The client gets it as vLLM sent it; the gateway must not log the
+    request as a success (the real CPU pair did this to JSON-schema requests)."""
+    spec_upstream.error_after = 3
+    resp = await gateway.post("/v1/chat/completions", json=chat("hi", stream=True), headers=SPEC)
+    events = [e for e in (await resp.read()).split(b"\n\n") if e]
+    assert len(events) == 5  # 3 relayed, vLLM's error, [DONE]
+    assert json.loads(events[3][len(b"data: ") :])["error"]["code"] == 500
+    assert events[4] == b"data: [DONE]"
+    assert not base_upstream.received  # bytes were sent: no retry
+    m = samples(await (await gateway.get("/metrics")).text())
+    kind = (("backend", "speculative"), ("kind", "upstream_error_event"))
+    assert m[("specroute_upstream_errors_total", kind)] == 1
+    status = (("route", "speculative"), ("status", "stream_error"), ("workload", "chat"))
+    assert m[("specroute_requests_total", status)] == 1
+
+
 async def test_stalled_stream_is_cut_by_the_read_timeout(
     gateway_for: GatewayFactory,
     spec_upstream: FakeUpstream,

@@ -91,6 +91,9 @@ class EmulatorConfig:
     # Fault knobs at start-up (runtime: POST /emulator/faults); see faults.py.
     fail_status: int = _knob(0, "answer generation requests with this HTTP status (0 = off)")
     drop_after_chunks: int = _knob(-1, "drop the connection after N chunks (-1 = off)")
+    error_after_chunks: int = _knob(
+        -1, "end a stream with vLLM's in-stream 500 error event after N chunks (-1 = off)"
+    )
     stall_s: float = _knob(0.0, "stall generation requests for this many seconds")
     stall_after_chunks: int = _knob(0, "stall after N chunks (0 = before the response)")
     refuse_connections: bool = _knob(False, "reset every connection before answering")
@@ -172,6 +175,8 @@ def _problems(c: EmulatorConfig) -> list[str]:
         out.append("fail_status must be 0 or an HTTP error status (400-599)")
     if c.drop_after_chunks < -1 or c.stall_after_chunks < 0 or c.fault_limit < 0:
         out.append("drop_after_chunks >= -1, stall_after_chunks >= 0, fault_limit >= 0")
+    if c.error_after_chunks < -1:
+        out.append("error_after_chunks >= -1")
     return out
 
 

