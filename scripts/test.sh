@@ -69,5 +69,5 @@ fi
 echo "== real-vLLM tier (deploy/cpu: install, start the pair, test through it, stop)"
 bash deploy/cpu/run_tier.sh --dynamic default  # the pair, and one dynamic-SD server
 echo "== real-vLLM tier with vLLM's default: no per-request speculative metrics"
-bash deploy/cpu/run_tier.sh --spec-metrics off -- -m vllm tests/vllm/test_counters_real_vllm.py
+bash deploy/cpu/run_tier.sh --spec-metrics off  # tests/vllm/test_counters_real_vllm.py
 echo "== all tiers took $((SECONDS - t0)) s"

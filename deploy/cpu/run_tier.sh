@@ -4,7 +4,9 @@
 #
 #   deploy/cpu/run_tier.sh [up.sh options...] [-- pytest args...]
 #
-# Default pytest args: -m vllm tests/vllm. Uses the project's dev venv
+# Default pytest args: -m vllm tests/vllm, less the tests that need the
+# pair with per-request metrics off (tests/vllm/test_counters_real_vllm.py);
+# with --spec-metrics off, those alone. Uses the project's dev venv
 # (.venv/bin/python) when present, else python3. Exits with pytest's status
 # (or up.sh's when the pair does not start).
 set -euo pipefail
@@ -22,7 +24,6 @@ while [[ $# -gt 0 ]]; do
     up_args+=("$1")
     shift
 done
-[[ ${#pytest_args[@]} -gt 0 ]] || pytest_args=(-m vllm tests/vllm)
 
 run_dir="${SPECROUTE_CACHE:-$HOME/.cache/specroute}/run"
 spec_metrics="detailed"  # up.sh's default; the tests read it to know what to expect
@@ -35,6 +36,14 @@ for ((i = 0; i < ${#up_args[@]}; i++)); do
     fi
 done
 export SPECROUTE_VLLM_SPEC_METRICS="$spec_metrics"
+metrics_off_tests="tests/vllm/test_counters_real_vllm.py"
+if [[ ${#pytest_args[@]} -eq 0 ]]; then
+    if [[ "$spec_metrics" == "off" ]]; then
+        pytest_args=(-m vllm "$metrics_off_tests")
+    else
+        pytest_args=(-m vllm tests/vllm "--ignore=$metrics_off_tests")
+    fi
+fi
 
 python_bin="$root/.venv/bin/python"
 [[ -x "$python_bin" ]] || python_bin="python3"
