@@ -90,6 +90,9 @@ async def _believed(http: aiohttp.ClientSession, url: str) -> dict[str, dict[str
         return workloads
 
 
+# 24 requests one at a time: 2 to 11 s each on two shared cores (the CPU decides),
+# past the 120 s default.
+@pytest.mark.timeout(480)
 async def test_the_cost_model_learns_this_engine_and_routes_by_it(
     cost_model_gateway: str, http: aiohttp.ClientSession, backends: Any
 ) -> None:

@@ -50,6 +50,8 @@ async def test_the_speculative_server_runs_with_vllms_default(
     assert not (answer.get("metrics") or {}).get("speculative_decoding"), answer.get("metrics")
 
 
+# 40 requests one at a time: 2 to 7 s each on two shared cores (the CPU decides).
+@pytest.mark.timeout(600)
 async def test_acceptance_is_attributed_from_the_counters(
     cost_model_gateway: str,
     http: aiohttp.ClientSession,
@@ -57,15 +59,20 @@ async def test_acceptance_is_attributed_from_the_counters(
     backends: Any,
 ) -> None:
     before = await scrape(backends.speculative)
-    routes = []
+    # Every request to the speculative server (the override header; the decoding
+    # is logged as for any request): the counters' standard error needs about
+    # 1,100 drafted tokens, and on a slow CPU the cost model rightly sends code to
+    # the baseline after a few requests (n-gram drafting costs more than it saves
+    # there), which would leave too few.
     for i in range(REQUESTS):  # one at a time: each scrape window holds code only
         async with http.post(
-            f"{cost_model_gateway}/v1/chat/completions", json=repeat_code(i, backends.model)
+            f"{cost_model_gateway}/v1/chat/completions",
+            json=repeat_code(i, backends.model),
+            headers={"x-specroute-route": "speculative"},
         ) as resp:
             assert resp.status == 200, await resp.text()
             await resp.read()
-            routes.append(resp.headers["x-specroute-route"])
-    assert routes.count("speculative") >= REQUESTS // 2, routes
+            assert resp.headers["x-specroute-route"] == "speculative"
 
     async def attributed() -> tuple[dict[str, Any], float] | None:
         async with http.get(f"{cost_model_gateway}/ready") as resp:
