@@ -146,6 +146,11 @@ class CostModelConfig:
     num_speculative_tokens: int = 4  # k, from the speculative server's --speculative-config
     draft_cost_ratio: float = 0.1  # c: one draft pass / one target step
     explore_share: float = 0.03
+    # A workload's next N decisions after a shadow copy of it was learned explore
+    # no user: the copy measured the route not taken in idle time, at no user's
+    # expense (0: copies never replace exploration). At a 5% shadow share, 64 is
+    # about three copies' worth.
+    shadow_cover_decisions: int = 64
     explore_max_slowdown: float = 2.0  # never explore a route predicted slower than this x
     seed: int = 0
     # Both servers on one GPU (the usual deployment): while the other server is
@@ -168,6 +173,8 @@ class CostModelConfig:
             raise ValueError('cost model: shared_gpu must be true, false or "auto"')
         if not 0.0 <= self.consolidate_margin < 1.0:
             raise ValueError("cost model: need 0 <= consolidate_margin < 1")
+        if self.shadow_cover_decisions < 0:
+            raise ValueError("cost model: need shadow_cover_decisions >= 0")
         if not 0.0 <= self.explore_share <= 0.5 or not self.explore_max_slowdown >= 1.0:
             raise ValueError(
                 "cost model: need 0 <= explore_share <= 0.5, explore_max_slowdown >= 1"
@@ -252,6 +259,7 @@ class CostModelPolicy:
         "_outputs",
         "_pairs",
         "_rng",
+        "_shadowed",
         "_tps_k",
         "_unit",
     )
@@ -281,6 +289,8 @@ class CostModelPolicy:
         self._explored = 0
         self._errors: dict[Route, float] = {}
         self._error_totals: dict[Route, PredictionErrors] = {}
+        # Per workload: decisions so far, and that count at its last shadow copy.
+        self._shadowed: dict[Workload, tuple[int, int | None]] = {}
 
     @property
     def config(self) -> CostModelConfig:
@@ -339,6 +349,9 @@ class CostModelPolicy:
     def decide(self, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
         """The route within `pair` (a GPU's two servers), whose endpoints `state` describes."""
         self._decisions += 1
+        covered = self.shadow_covered(features.workload)
+        seen, last = self._shadowed.get(features.workload, (0, None))
+        self._shadowed[features.workload] = (seen + 1, last)
         gpu = self._pair(pair)
         loads = self._loads(features, state, gpu.shared)
         predicted = self._predict(loads)
@@ -361,7 +374,7 @@ class CostModelPolicy:
             cost = self._cost(predicted, loads)
             route = SPEC if cost[SPEC] < cost[BASE] else BASE
             reason = _FASTER[route]
-            if self._explore(features, route.other, predicted, state):
+            if self._explore(features, route.other, predicted, state, covered):
                 route, reason = route.other, "explore"
         if _queued(state.of(route)) and self._has_room(route.other, state, busy_ok=True):
             route, reason = route.other, "avoid-queue"
@@ -433,7 +446,12 @@ class CostModelPolicy:
         }
 
     def _explore(
-        self, f: RequestFeatures, slower: Route, predicted: dict[Route, float], state: LiveState
+        self,
+        f: RequestFeatures,
+        slower: Route,
+        predicted: dict[Route, float],
+        state: LiveState,
+        covered: bool = False,
     ) -> bool:
         cfg = self._config
         faster_s, slower_s = predicted[slower.other], predicted[slower]
@@ -444,7 +462,9 @@ class CostModelPolicy:
         if slower_s > cfg.explore_max_slowdown * faster_s:
             return False
         share = cfg.explore_share
-        if slower is SPEC:
+        if covered:
+            share = 0.0  # a shadow copy explores for the users
+        elif slower is SPEC:
             # A workload with few measured acceptances is where the estimate may be
             # wrong (a prior, or traffic that changed): spend the budget there first.
             measured = self._acceptance.count(f.workload)
@@ -480,6 +500,22 @@ class CostModelPolicy:
                 pair=outcome.pair,
             )
         )
+
+    def learn_shadow(self, outcome: FinishedRequest) -> None:
+        """Learn from a shadow copy's answer (the route a user request was not sent to,
+        same request, measured in idle time): as any answer, and its workload counts as
+        covered, so its users are not explored for shadow_cover_decisions. Never
+        counted as a user exploration."""
+        self.learn(outcome)
+        w = outcome.features.workload
+        seen, _ = self._shadowed.get(w, (0, None))
+        self._shadowed[w] = (seen, seen)
+
+    def shadow_covered(self, workload: Workload) -> bool:
+        """Its next decision is covered: a shadow copy of this workload was learned
+        within its last shadow_cover_decisions decisions."""
+        seen, last = self._shadowed.get(workload, (0, None))
+        return last is not None and seen - last < self._config.shadow_cover_decisions
 
     def observe(self, obs: Observation) -> None:
         """Learn from one finished request (call only for successful answers)."""

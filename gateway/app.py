@@ -26,6 +26,8 @@ from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder
 from gateway.relays import Relays
 from gateway.runtime import Runtime
+from gateway.shadow import ShadowRunner
+from gateway.shadow_results import shadow_log_path
 from gateway.state import (
     BACKENDS,
     BIG_BODIES,
@@ -37,6 +39,7 @@ from gateway.state import (
     RELAYS,
     RUNTIME,
     SESSION,
+    SHADOWS,
     TOKENS,
 )
 from gateway.telemetry import Metrics
@@ -63,10 +66,12 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app[BIG_BODIES] = asyncio.Semaphore(1)
     app[BIG_BODY_RATE] = ByteRate(config.server.big_body_mb_s * 1e6)
     app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)
+    app[SHADOWS] = ShadowRunner(config.shadow, app[BACKENDS], metrics, runtime)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background_tasks)
     app.cleanup_ctx.append(_outcome_log)
     app.cleanup_ctx.append(_recorder)
+    app.cleanup_ctx.append(_shadows)  # after the session and the outcome log: closed first
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", handlers.models)
@@ -156,3 +161,18 @@ async def _recorder(app: web.Application) -> AsyncIterator[None]:
     app[RECORDER] = recorder
     yield
     await asyncio.to_thread(recorder.close)
+
+
+async def _shadows(app: web.Application) -> AsyncIterator[None]:
+    """Shadow copies' loop, and their lines beside the outcome log; at shutdown the
+    running ones are cancelled (vLLM aborts them)."""
+    shadows, config = app[SHADOWS], app[CONFIG].outcome_log
+    log = None
+    if config.path and app[CONFIG].shadow.enabled:
+        path = shadow_log_path(Path(config.path))
+        log = OutcomeLog(path, max_bytes=config.max_bytes, backups=config.backups)
+    shadows.start(app[SESSION], log)
+    yield
+    await shadows.stop()
+    if log is not None:
+        await asyncio.to_thread(log.close)

@@ -168,6 +168,17 @@ class UiConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowConfig:
+    """Shadow copies (gateway/shadow.py): a sampled share of finished requests is sent
+    again, in idle GPU time only, to the route that was not chosen; the answer is
+    discarded, the timing pair measures both routes on the same request."""
+
+    enabled: bool = True
+    share: float = 0.05  # of successful user requests, in [0, 1]
+    max_inflight: int = 1  # shadows running at once, all pairs together
+
+
+@dataclass(frozen=True, slots=True)
 class LoggingConfig:
     level: str = "info"
 
@@ -183,6 +194,7 @@ class Config:
     record: RecordConfig = field(default_factory=RecordConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     ui: UiConfig = field(default_factory=UiConfig)
+    shadow: ShadowConfig = field(default_factory=ShadowConfig)
 
 
 _POLICIES = ("cost-model", "rules", "static-speculative", "static-baseline")
@@ -273,6 +285,10 @@ def _check(cfg: Config) -> None:
         raise ConfigError(f"config: record.redaction must be one of {', '.join(_REDACTIONS)}")
     if cfg.record.backups < 0:
         raise ConfigError("config: record.backups must be >= 0")
+    if not 0.0 <= cfg.shadow.share <= 1.0:
+        raise ConfigError(f"config: shadow.share must be within [0, 1], got {cfg.shadow.share}")
+    if cfg.shadow.max_inflight < 1:
+        raise ConfigError("config: shadow.max_inflight must be >= 1")
     if cfg.logging.level not in _LEVELS:
         raise ConfigError(f"config: logging.level must be one of {', '.join(_LEVELS)}")
     for route in Route:

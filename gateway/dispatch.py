@@ -25,7 +25,7 @@ from gateway.config import Config
 from gateway.errors import APIError
 from gateway.proxy import Target, UpstreamFailure, failure_response, open_upstream, relay
 from gateway.record import UPSTREAM_ERROR_EVENT, RequestLife
-from gateway.state import BACKENDS, RELAYS, SESSION
+from gateway.state import BACKENDS, RELAYS, SESSION, SHADOWS
 
 ROUTE_HEADER = "x-specroute-route"
 REASON_HEADER = "x-specroute-reason"
@@ -126,6 +126,7 @@ async def _attempt(
         headers[FAILOVER_HEADER] = life.failover_from.value
     if routed.predicted is not None:
         headers[PREDICTED_HEADER] = routed.predicted
+    app[SHADOWS].user_arrived(upstream)  # a shadow there gives way now
     tracked = pool.track(backend, upstream, routed.prefill_tokens, life.features)
     with tracked as prefilled, app[RELAYS].running():
         meter.on_first_token = prefilled

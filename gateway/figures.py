@@ -8,9 +8,11 @@ measured on the speculative route (per request, with its sources) next to the
 acceptance the policy believes, both as vLLM counts it (accepted / drafted).
 
 A speedup needs the same request on both routes. The gateway sends each request
-to one, so it has no live speedup yet: "speedup" is null and says why, until
-paired shadow copies exist. The mean e2e per route is NOT a speedup (different
-requests, different loads) and is labelled so.
+to one; its shadow copies (gateway/shadow.py) send some again to the other route
+in idle time, and each comparable pair gives the live speedup (baseline e2e /
+speculative e2e) and the regret of the choice, per workload and overall. Until
+the first pair they are null, and "why" says why. The mean e2e per route is NOT
+a speedup (different requests, different loads) and is labelled so.
 """
 
 from __future__ import annotations
@@ -25,10 +27,16 @@ from prometheus_client.metrics import MetricWrapperBase
 from classifier.features import Workload
 from classifier.policy import Route
 from classifier.speculation import acceptance_rate
-from gateway.state import BACKENDS, METRICS, RUNTIME
+from gateway.shadow_results import PairTotals
+from gateway.state import BACKENDS, CONFIG, METRICS, RUNTIME, SHADOWS
 from gateway.telemetry import Metrics
 
-NO_SPEEDUP = "no paired measurement: the gateway sends no shadow copies yet"
+NO_PAIRS = "no comparable shadow pair yet (a copy runs in idle GPU time only)"
+SHADOWS_OFF = "no paired measurement: shadow copies are off ([shadow] enabled = false)"
+PAIRED = (
+    "baseline e2e / speculative e2e over {n} shadow pairs (the same request on both "
+    "routes, the copy in idle GPU time)"
+)
 
 
 async def stats(request: web.Request) -> web.Response:
@@ -39,6 +47,7 @@ async def stats(request: web.Request) -> web.Response:
     requests = _samples(metrics.requests, "_total")  # (route, workload, status)
     believed = snapshot.policy.estimated_acceptance()
     state = pool.live_state()
+    pairs = app[SHADOWS].totals
     return web.json_response(
         {
             "object": "specroute.stats",
@@ -55,11 +64,19 @@ async def stats(request: web.Request) -> web.Response:
             "requests": _total_by(requests, 0),  # per route, "none" for refused ones
             "reasons": _total_by(_samples(metrics.decisions, "_total"), 1),
             "workloads": {
-                w.value: _workload(w, metrics, requests, believed.get(w), k) for w in Workload
+                w.value: _workload(w, metrics, requests, believed.get(w), k, pairs)
+                for w in Workload
             },
-            "speedup": {"value": None, "why": NO_SPEEDUP},
+            "speedup": _overall(pairs, enabled=app[CONFIG].shadow.enabled),
         }
     )
+
+
+def _overall(pairs: PairTotals, *, enabled: bool) -> dict[str, Any]:
+    value, n = pairs.overall()
+    if value is None:
+        return {"value": None, "pairs": 0, "why": NO_PAIRS if enabled else SHADOWS_OFF}
+    return {"value": round(value, 4), "pairs": n, "why": PAIRED.format(n=n)}
 
 
 def _workload(
@@ -68,6 +85,7 @@ def _workload(
     requests: dict[tuple[str, ...], float],
     believed: float | None,
     k: int,
+    pairs: PairTotals,
 ) -> dict[str, Any]:
     durations = _samples(metrics.duration, "_sum")  # (route, workload), 2xx only
     answered = _samples(metrics.duration, "_count")
@@ -86,8 +104,14 @@ def _workload(
             "sources": sorted(s for (wl, s), c in measured.items() if wl == w.value and c),
             "believed_rate": None if believed is None else round(acceptance_rate(believed, k), 4),
         },
-        "speedup": None,
+        "speedup": _rounded(pairs.speedup(w.value)),
+        "shadow_pairs": pairs.pairs.get(w.value, 0),
+        "regret": _rounded(pairs.regret(w.value)),
     }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _samples(metric: MetricWrapperBase, suffix: str) -> dict[tuple[str, ...], float]:

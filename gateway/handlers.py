@@ -31,6 +31,7 @@ from gateway.state import (
     RECORDER,
     RUNTIME,
     SESSION,
+    SHADOWS,
     TOKENS,
 )
 from gateway.validation import parse_body
@@ -64,6 +65,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         if (recorder := app.get(RECORDER)) is not None:
             recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
         pair, state = app[BACKENDS].for_decision()  # the GPU pair first, then the route within it
+        state = app[SHADOWS].correct(pair, state)  # a scraped shadow is no other client
         decision = _override(request, config) or snapshot.policy.decide(features, state, pair)
         life.decided(body, features, decision, state, pair)
         raw, strip_usage = _ask_for_usage(body, raw)
@@ -97,6 +99,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             line = outcome_line(record, include_prompt=config.outcome_log.include_prompts)
             if line is not None:
                 outcomes.write(line)
+        app[SHADOWS].offer(record)  # maybe a copy to the other route, in idle time
 
 
 async def read_and_analyse(

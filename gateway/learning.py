@@ -8,8 +8,9 @@ router believes next to what it measured.
 
 from __future__ import annotations
 
+from classifier.costmodel import CostModelPolicy
 from classifier.policy import Decision, Policy
-from gateway.record import RequestRecord
+from gateway.record import Lesson, RequestRecord
 from gateway.telemetry import Metrics
 
 
@@ -26,6 +27,18 @@ def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:
     shared = policy.shared_gpu(lesson.pair)
     gauge = metrics.gpu_shared.labels(str(lesson.pair))
     gauge.set(float("nan") if shared is None else float(shared))
+
+
+def learn_shadow(policy: Policy, metrics: Metrics, lesson: Lesson) -> None:
+    """A shadow copy's answer (gateway/shadow.py): the cost model learns it as a
+    paired observation (its acceptance, its route's latency fit) that covers its
+    workload and is not a user exploration; other policies learn it as any answer."""
+    if isinstance(policy, CostModelPolicy):
+        policy.learn_shadow(lesson)
+    else:
+        policy.learn(lesson)
+    for workload, a in policy.estimated_acceptance().items():
+        metrics.estimated_acceptance.labels(workload.value).set(a)
 
 
 def predicted_header(decision: Decision) -> str | None:

@@ -198,7 +198,7 @@ async def _relay_whole(
     meter.finish()
     meter.bytes_sent = len(payload)
     if upstream.status == 200 and upstream.content_type == "application/json":
-        meter.report = _loads(payload)
+        meter.report = loads_object(payload)
         if meter.report is not None and isinstance(meter.report.get("usage"), dict):
             meter.usage = meter.report["usage"]
     elif upstream.status >= 500 and meter.error_kind is None:
@@ -291,7 +291,7 @@ def _inspect_events(chunk: bytes, meter: Meter, strip_usage_chunk: bool) -> byte
             meter.closing_events += 1
         parsed = None
         if event.startswith(b"data: {") and (meter.ttft_s is None or b'"usage"' in event):
-            parsed = _loads(event[6:])
+            parsed = loads_object(event[6:])
         if parsed is not None:
             usage = parsed.get("usage")
             final = isinstance(usage, dict) and not parsed.get("choices")
@@ -349,7 +349,8 @@ def _fail(
     return error_response(status, message, code=kind, headers=response_headers)
 
 
-def _loads(raw: bytes) -> dict[str, Any] | None:
+def loads_object(raw: bytes) -> dict[str, Any] | None:
+    """A JSON object from bytes, or None for anything else (broken JSON, a list)."""
     try:
         value = json.loads(raw)
     except ValueError:

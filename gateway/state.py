@@ -15,6 +15,7 @@ from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder
 from gateway.relays import Relays
 from gateway.runtime import Runtime
+from gateway.shadow import ShadowRunner
 from gateway.telemetry import Metrics
 
 CONFIG = web.AppKey("config", Config)  # as at start: what resources were built from
@@ -28,3 +29,4 @@ TOKENS = web.AppKey("tokens", TokenCounter)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 OUTCOME_LOG = web.AppKey("outcome_log", OutcomeLog)  # only set when configured
 RECORDER = web.AppKey("recorder", Recorder)  # only set when [record] path is configured
+SHADOWS = web.AppKey("shadows", ShadowRunner)  # shadow copies in idle GPU time ([shadow])

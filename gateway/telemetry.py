@@ -181,6 +181,44 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        # Shadow copies (gateway/shadow.py): never in the user metrics above.
+        self.shadow_requests = Counter(
+            "specroute_shadow_requests",
+            "Shadow copies, by workload and outcome: completed, cancelled (a user request "
+            "needed the GPU, a backend left rotation, a drain), skipped (never ran: no idle "
+            "time in time, a queue overflow, a backend unhealthy), failed.",
+            ["workload", "outcome"],
+            registry=r,
+        )
+        self.shadow_inflight = Gauge(
+            "specroute_shadow_inflight",
+            "Shadow copies running now (at most shadow.max_inflight).",
+            registry=r,
+        )
+        self.shadow_seconds = Counter(
+            "specroute_shadow_paired_seconds",
+            "Sums of e2e seconds over comparable pairs (a user request that ran alone and its "
+            "shadow copy), by workload and side: speculative, baseline, chosen (the user's "
+            "route), faster (the faster of the two). baseline/speculative is the live speedup, "
+            "chosen/faster the live regret.",
+            ["workload", "side"],
+            registry=r,
+        )
+        self.shadow_speedup = Gauge(
+            "specroute_shadow_speedup",
+            "Live paired speedup since start: baseline e2e / speculative e2e summed over "
+            "comparable pairs; NaN before the first.",
+            ["workload"],
+            registry=r,
+        )
+        self.shadow_regret = Gauge(
+            "specroute_shadow_regret",
+            "Live regret since start: the chosen route's e2e / the faster of the pair's, "
+            "summed over comparable pairs (1 = every choice was the faster); NaN before the "
+            "first.",
+            ["workload"],
+            registry=r,
+        )
 
 
 def configure_logging(level: str = "info", *, json: bool = True) -> None:

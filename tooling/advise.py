@@ -9,6 +9,12 @@ server's memory costs: draft weights and KV, read from the backends'
 vllm:cache_config_info where they expose it (a bench records it; --spec-url /
 --base-url read it live), else from --draft-gb / --draft-kv-gb, and it says
 which. The analysis itself is tooling/bench/advice.py.
+
+Beside an outcome log the gateway writes its shadow copies' lines
+(outcomes.jsonl -> outcomes.shadows.jsonl; `"kind": "shadow"`: the same request
+on the route not chosen, in idle GPU time; timings only): advise reads that
+file too, given or found beside the log, and adds the live side-by-side they
+measured, per workload: the paired speedup and the regret of the choices.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import argparse
 import asyncio
 import json
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from gateway.shadow_results import shadow_log_path
 from tooling.bench.advice import Facts, from_bench, from_outcomes
 
 GIB = 1024**3
@@ -69,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
     )
     caches = {**caches, **{k: v for k, v in live.items() if v}}
     print(render(source, emulated, per, overall, regret, kv_peak, caches, args))
+    if kind == "outcomes":
+        print("\n".join(["", *render_shadows(load_shadows(args.input))]))
     return 0
 
 
@@ -93,6 +103,69 @@ def load(paths: list[Path]) -> tuple[str, Any]:
     if not records:
         raise ValueError(f"{paths[0]}: neither a bench JSON nor an outcome log")
     return "outcomes", records
+
+
+def load_shadows(paths: list[Path]) -> list[dict[str, Any]]:
+    """The shadow copies' lines: in the files given, and in the shadow file beside each
+    outcome log given (gateway/shadow_results.py names it)."""
+    files = list(paths)
+    for path in paths:
+        beside = shadow_log_path(path)
+        if beside not in files and beside.exists():
+            files.append(beside)
+    out = []
+    for path in files:
+        for line in path.read_text().splitlines():
+            if '"kind":"shadow"' not in line.replace(" ", ""):
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("kind") == "shadow":
+                out.append(record)
+    return out
+
+
+def render_shadows(shadows: list[dict[str, Any]]) -> list[str]:
+    """Per workload: copies that ran by outcome, comparable pairs, live speedup
+    (baseline / speculative e2e) and regret (chosen / faster e2e), over those pairs."""
+    head = "live side-by-side, from shadow copies (the same request on the route not chosen):"
+    if not shadows:
+        return [head, "  none in this log ([shadow] enabled = false, no idle time, or share 0)"]
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in shadows:
+        by[str(record.get("workload"))].append(record)
+    lines = [
+        head,
+        f"{'workload':<13}{'ran':>5}{'done':>6}{'cancel':>8}{'failed':>8}{'pairs':>7}"
+        f"{'speedup':>9}{'regret':>8}",
+    ]
+    for name, records in [*sorted(by.items()), ("all", shadows)]:
+        outcomes = [r.get("outcome") for r in records]
+        pairs = [r for r in records if r.get("comparable")]
+        sums: dict[str, float] = defaultdict(float)
+        for r in pairs:
+            primary, shadow = float(r["primary_s"]), float(r["shadow_s"])
+            spec, base = (
+                (primary, shadow) if r["primary_route"] == "speculative" else (shadow, primary)
+            )
+            sums["speculative"] += spec
+            sums["baseline"] += base
+            sums["chosen"] += primary
+            sums["faster"] += min(spec, base)
+        speedup = f"{sums['baseline'] / sums['speculative']:.2f}x" if pairs else "-"
+        regret = f"{sums['chosen'] / sums['faster']:.3f}" if pairs else "-"
+        lines.append(
+            f"{name:<13}{len(records):>5}{outcomes.count('completed'):>6}"
+            f"{outcomes.count('cancelled'):>8}{outcomes.count('failed'):>8}{len(pairs):>7}"
+            f"{speedup:>9}{regret:>8}"
+        )
+    lines.append(
+        "pairs: the user request ran alone on its GPU and the copy produced as many tokens; "
+        "speedup = baseline / speculative e2e, regret = the gateway's route / the faster"
+    )
+    return lines
 
 
 async def _live(spec_url: str | None, base_url: str | None) -> dict[str, dict[str, str] | None]:

@@ -58,6 +58,16 @@ def mean_acceptance_length(by: str) -> str:
     )
 
 
+def shadow_ratio(over: str, under: str) -> str:
+    """A ratio of two sides of the shadow pairs' e2e sums, per workload, over 30 min."""
+    sums = [
+        f'sum by (workload) (increase(specroute_shadow_paired_seconds_total{{side="{side}",'
+        f"{WL}}}[30m]))"
+        for side in (over, under)
+    ]
+    return f"{sums[0]} / {sums[1]}"
+
+
 # (title, panel type, unit, width, targets, description, extra options)
 Panel = tuple[str, str, str, int, list[dict[str, Any]], str]
 
@@ -523,6 +533,46 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 ],
                 "Requests answered by the other backend than the one chosen (refused, 5xx "
                 "before the first byte, or admission limit).",
+            ),
+        ],
+    ),
+    (
+        "Live side-by-side (shadow copies)",
+        [
+            (
+                "Live speedup per workload (shadow pairs)",
+                "timeseries",
+                "short",
+                8,
+                [q(shadow_ratio("baseline", "speculative"), "{{workload}}")],
+                "The same request on both routes: a user's and its shadow copy on the other "
+                "route, in idle GPU time, same answer length. Baseline e2e / speculative e2e "
+                "summed over the last 30 min of pairs where the user request ran alone; above 1 "
+                "speculation pays. Gaps: no idle time, hence no pairs.",
+            ),
+            (
+                "Live regret of the router (shadow pairs)",
+                "timeseries",
+                "short",
+                8,
+                [q(shadow_ratio("chosen", "faster"), "{{workload}}")],
+                "The chosen route's e2e / the faster of the pair's, over the last 30 min of "
+                "pairs: 1 when every choice was the faster route.",
+            ),
+            (
+                "Shadow copies by outcome",
+                "timeseries",
+                "short",
+                8,
+                [
+                    q(
+                        f"sum by (outcome) (rate(specroute_shadow_requests_total{{{WL}}}[{RI}]))",
+                        "{{outcome}}",
+                    )
+                ],
+                "Copies per second: completed, cancelled (a user request needed the GPU, a "
+                "backend left rotation), skipped (no idle time in time, a backend unhealthy), "
+                "failed. GPU cost: each completed copy is one extra generation in idle time.",
             ),
         ],
     ),

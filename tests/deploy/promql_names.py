@@ -50,6 +50,11 @@ GATEWAY_METRICS = {
     "specroute_attributed_draft_tokens": "gauge",
     "specroute_attribution_windows": "counter",
     "specroute_acceptance_source": "gauge",
+    "specroute_shadow_requests": "counter",
+    "specroute_shadow_inflight": "gauge",
+    "specroute_shadow_paired_seconds": "counter",
+    "specroute_shadow_speedup": "gauge",
+    "specroute_shadow_regret": "gauge",
 }
 VLLM_METRICS = {
     "vllm:num_requests_running": "gauge",

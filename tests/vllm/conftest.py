@@ -165,7 +165,9 @@ def scrape(http: aiohttp.ClientSession) -> Callable[[str], Awaitable[Scrape]]:
 
 @pytest.fixture
 async def cost_model_gateway(backends: Backends) -> AsyncIterator[str]:
-    """config.toml's defaults (the cost model), told only the URLs and k = 4 (up.sh's)."""
+    """config.toml's defaults (the cost model), told only the URLs and k = 4 (up.sh's).
+    Shadow copies off: these tests compare vLLM's counters over windows that must
+    hold their own requests only (tests/vllm/test_shadow_real_vllm.py has them on)."""
     config = parse_config(
         {
             "backends": {
@@ -173,6 +175,7 @@ async def cost_model_gateway(backends: Backends) -> AsyncIterator[str]:
                 "baseline": {"urls": [backends.baseline]},
             },
             "upstream": {"scrape_interval_s": 0.5},
+            "shadow": {"enabled": False},
         }
     )
     assert config.routing.policy == "cost-model"

@@ -143,6 +143,13 @@ def parse_generation(body: Any, endpoint: Endpoint, c: EmulatorConfig) -> Genera
         "stop must be strings",
         "stop",
     )
+    min_tokens = _field(body, "min_tokens", 0)
+    _check(_is_int(min_tokens) and min_tokens >= 0, "min_tokens must be >= 0", "min_tokens")
+    _check(
+        max_param is None or min_tokens <= max_param,
+        f"min_tokens must be less than or equal to max_tokens={max_param}, got {min_tokens}.",
+        "min_tokens",
+    )
     schema = _json_schema(body)
     guided = (
         "structured_outputs",
@@ -158,7 +165,7 @@ def parse_generation(body: Any, endpoint: Endpoint, c: EmulatorConfig) -> Genera
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         max_tokens_param=max_param,
-        min_tokens=int(_field(body, "min_tokens", 0)),
+        min_tokens=min_tokens,
         ignore_eos=_field(body, "ignore_eos", False) is True,
         stop=stop,
         temperature=float(temperature),

@@ -95,7 +95,7 @@ def plan_answer(
         want = max_tokens if ignore_eos else max(natural_tokens, min_tokens)
         pieces = _text_tokens(kind, rng, min(want, max_tokens))
     if stop:
-        cut = _cut_at_stop(pieces[:max_tokens], stop)
+        cut = _cut_at_stop(pieces[:max_tokens], stop, min_tokens)
         if cut is not None:
             return cut
     if len(pieces) >= max_tokens or ignore_eos:
@@ -103,13 +103,21 @@ def plan_answer(
     return Plan((*pieces, EOS), "stop")
 
 
-def _cut_at_stop(pieces: list[str], stop: list[str]) -> Plan | None:
-    """vLLM stops at the first stop string and leaves it out of the text."""
+def _cut_at_stop(pieces: list[str], stop: list[str], min_tokens: int = 0) -> Plan | None:
+    """vLLM stops at the first stop string completed after min_tokens tokens (one that
+    ends within them is not looked for again) and leaves it out of the text."""
     text = "".join(pieces)
-    hits = [(i, s) for s in stop if s and (i := text.find(s)) >= 0]
+    floor = len("".join(pieces[:min_tokens])) if min_tokens > 0 else 0
+    hits = []
+    for s in stop:
+        i = text.find(s) if s else -1
+        while i >= 0 and i + len(s) <= floor:
+            i = text.find(s, i + 1)
+        if i >= 0:
+            hits.append((i + len(s), i, s))
     if not hits:
         return None
-    at, s = min(hits)
+    _, at, s = min(hits)
     out: list[str] = []
     offset = 0
     for piece in pieces:

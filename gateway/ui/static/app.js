@@ -444,7 +444,8 @@
         cell(acc.believed_rate === null ? "–" : acc.believed_rate.toFixed(2)),
         cell(`${e2e.speculative === null ? "–" : secs(e2e.speculative)} / ` +
           `${e2e.baseline === null ? "–" : secs(e2e.baseline)}`),
-        w.speedup === null ? cell("not measured", "na") : cell(`${w.speedup.toFixed(2)}x`),
+        w.speedup === null ? cell("not measured", "na")
+          : cell(`${w.speedup.toFixed(2)}x (${w.shadow_pairs})`),
       );
       body.append(tr);
     }
