@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
@@ -183,6 +184,44 @@ async def test_structured_and_creative_presets_side_by_side(
         assert "not measured" in live  # no live speedup without shadow copies
         assert errors == []
         print("screenshots:", tmp_path / "ui-json.png", tmp_path / "ui-poem.png")
+
+
+async def test_the_live_table_shows_the_shadow_pairs_speedup(
+    browser: Browser, tokens: TokenCounter
+) -> None:
+    """Shadow copies of every request (share 1.0): the page's live speedup column
+    shows each workload's paired speedup and its number of pairs, as /stats gives it."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Return the user Ada, 36, as JSON."}],
+        "response_format": {"type": "json_object"},
+        "temperature": 0,
+        "max_tokens": 40,
+    }
+    async with (
+        local_stack(time_scale=0.1, tokens=tokens, shadow={"share": 1.0}) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+        for i in range(3):  # one at a time: each copy runs in the idle time after it
+            async with session.post(f"{stack.gateway}/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+                await resp.read()
+
+            async def copied(n: int = i + 1) -> dict[str, Any] | None:
+                async with session.get(f"{stack.gateway}/stats") as resp:
+                    stats: dict[str, Any] = await resp.json()
+                return stats if stats["speedup"]["pairs"] >= n else None
+
+            stats = await wait_until(copied, "the copy to pair with its request")
+        speedup = stats["workloads"]["structured"]["speedup"]
+        page, errors = await open_page(browser, stack.gateway)
+        row = page.locator("#live-table tbody tr[data-workload=structured]")
+        await row.wait_for()
+        assert (await row.inner_text()).endswith(f"{speedup:.2f}x (3)")
+        creative = await page.inner_text("#live-table tbody tr[data-workload=creative]")
+        assert creative.endswith("not measured")
+        assert "3 shadow pairs" in await page.inner_text("#live-notes")
+        assert errors == []
 
 
 def closed_port_url() -> str:
