@@ -22,8 +22,7 @@ def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:
         ratio = lesson.duration_s / lesson.predicted_s
         metrics.prediction_ratio.labels(lesson.route.value).observe(ratio)
     policy.learn(lesson)
-    for workload, a in policy.estimated_acceptance().items():
-        metrics.estimated_acceptance.labels(workload.value).set(a)
+    _show_beliefs(policy, metrics)
     shared = policy.shared_gpu(lesson.pair)
     gauge = metrics.gpu_shared.labels(str(lesson.pair))
     gauge.set(float("nan") if shared is None else float(shared))
@@ -37,6 +36,10 @@ def learn_shadow(policy: Policy, metrics: Metrics, lesson: Lesson) -> None:
         policy.learn_shadow(lesson)
     else:
         policy.learn(lesson)
+    _show_beliefs(policy, metrics)
+
+
+def _show_beliefs(policy: Policy, metrics: Metrics) -> None:
     for workload, a in policy.estimated_acceptance().items():
         metrics.estimated_acceptance.labels(workload.value).set(a)
 

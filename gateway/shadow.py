@@ -360,8 +360,11 @@ class ShadowRunner:
             if run.upstream is upstream and upstream.scrape is not run.scrape_at_start
         )
         seen = self._seen.get(upstream.url)
-        if seen is not None and seen[0] is upstream.scrape:
-            n += seen[1]
+        if seen is not None:
+            if seen[0] is upstream.scrape:
+                n += seen[1]
+            else:  # a newer scrape: those shadows had ended, it saw none of them
+                del self._seen[upstream.url]  # so `correct` goes back to its early return
         return n
 
 

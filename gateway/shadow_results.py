@@ -51,6 +51,13 @@ class PairedTiming:
     baseline_s: float
     chosen: Route
 
+    @classmethod
+    def of(cls, chosen: Route, chosen_s: float, other_s: float) -> PairedTiming:
+        """From the user request's route and e2e and its copy's e2e."""
+        if chosen is Route.SPECULATIVE:
+            return cls(chosen_s, other_s, chosen)
+        return cls(other_s, chosen_s, chosen)
+
     @property
     def chosen_s(self) -> float:
         return self.speculative_s if self.chosen is Route.SPECULATIVE else self.baseline_s
@@ -59,6 +66,10 @@ class PairedTiming:
     def faster_s(self) -> float:
         return min(self.speculative_s, self.baseline_s)
 
+    def sides(self) -> tuple[float, float, float, float]:
+        """The seconds of each of SIDES, in that order."""
+        return self.speculative_s, self.baseline_s, self.chosen_s, self.faster_s
+
 
 def paired(primary: Primary, answer: ShadowAnswer) -> PairedTiming | None:
     """The pair's timing, if it is comparable (see the module's docstring)."""
@@ -66,48 +77,75 @@ def paired(primary: Primary, answer: ShadowAnswer) -> PairedTiming | None:
         return None
     if not (answer.duration_s > 0 and primary.duration_s > 0):
         return None
-    if primary.route is Route.SPECULATIVE:
-        return PairedTiming(primary.duration_s, answer.duration_s, primary.route)
-    return PairedTiming(answer.duration_s, primary.duration_s, primary.route)
+    return PairedTiming.of(primary.route, primary.duration_s, answer.duration_s)
+
+
+class PairSums:
+    """Sums of e2e seconds per side over comparable pairs, and the ratios they give:
+    the gateway's live figures (PairTotals) and `specroute advise`'s reading of the
+    shadow lines both count with it."""
+
+    __slots__ = ("pairs", "seconds")
+
+    def __init__(self) -> None:
+        self.pairs = 0
+        self.seconds = dict.fromkeys(SIDES, 0.0)
+
+    def add(self, timing: PairedTiming) -> None:
+        self.pairs += 1
+        for side, seconds in zip(SIDES, timing.sides(), strict=True):
+            self.seconds[side] += seconds
+
+    @property
+    def speedup(self) -> float | None:
+        """Baseline e2e / speculative e2e; None before the first pair."""
+        spec = self.seconds["speculative"]
+        return self.seconds["baseline"] / spec if spec else None
+
+    @property
+    def regret(self) -> float | None:
+        """The chosen route's e2e / the faster one's; None before the first pair."""
+        faster = self.seconds["faster"]
+        return self.seconds["chosen"] / faster if faster else None
 
 
 class PairTotals:
-    """Per workload, the sums over comparable pairs behind the live speedup and regret."""
+    """Per workload and over all, the sums behind the live speedup and regret, and
+    their metrics."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
-        self._sums: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(SIDES, 0.0))
-        self.pairs: dict[str, int] = defaultdict(int)
+        self._by: dict[str, PairSums] = defaultdict(PairSums)
+        self._all = PairSums()
         for w in Workload:
             metrics.shadow_speedup.labels(w.value).set(math.nan)
             metrics.shadow_regret.labels(w.value).set(math.nan)
 
+    @property
+    def pairs(self) -> dict[str, int]:
+        """Comparable pairs per workload (only those with one)."""
+        return {workload: sums.pairs for workload, sums in self._by.items()}
+
     def add(self, workload: str, timing: PairedTiming) -> None:
-        sums = self._sums[workload]
-        self.pairs[workload] += 1
-        for side, seconds in zip(
-            SIDES,
-            (timing.speculative_s, timing.baseline_s, timing.chosen_s, timing.faster_s),
-            strict=True,
-        ):
-            sums[side] += seconds
+        sums = self._by[workload]
+        sums.add(timing)
+        self._all.add(timing)
+        for side, seconds in zip(SIDES, timing.sides(), strict=True):
             self._metrics.shadow_seconds.labels(workload, side).inc(seconds)
-        self._metrics.shadow_speedup.labels(workload).set(self.speedup(workload) or math.nan)
-        self._metrics.shadow_regret.labels(workload).set(self.regret(workload) or math.nan)
+        self._metrics.shadow_speedup.labels(workload).set(sums.speedup or math.nan)
+        self._metrics.shadow_regret.labels(workload).set(sums.regret or math.nan)
 
     def speedup(self, workload: str) -> float | None:
-        sums = self._sums.get(workload)
-        return sums["baseline"] / sums["speculative"] if sums and sums["speculative"] else None
+        sums = self._by.get(workload)
+        return sums.speedup if sums else None
+
+    def regret(self, workload: str) -> float | None:
+        sums = self._by.get(workload)
+        return sums.regret if sums else None
 
     def overall(self) -> tuple[float | None, int]:
         """The speedup over every workload's pairs, and how many pairs."""
-        spec = sum(s["speculative"] for s in self._sums.values())
-        base = sum(s["baseline"] for s in self._sums.values())
-        return (base / spec if spec else None), sum(self.pairs.values())
-
-    def regret(self, workload: str) -> float | None:
-        sums = self._sums.get(workload)
-        return sums["chosen"] / sums["faster"] if sums and sums["faster"] else None
+        return self._all.speedup, self._all.pairs
 
 
 def shadow_lesson(

@@ -27,7 +27,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gateway.shadow_results import shadow_log_path
+from classifier.policy import Route
+from gateway.shadow_results import PairedTiming, PairSums, shadow_log_path
 from tooling.bench.advice import Facts, from_bench, from_outcomes
 
 GIB = 1024**3
@@ -143,22 +144,16 @@ def render_shadows(shadows: list[dict[str, Any]]) -> list[str]:
     ]
     for name, records in [*sorted(by.items()), ("all", shadows)]:
         outcomes = [r.get("outcome") for r in records]
-        pairs = [r for r in records if r.get("comparable")]
-        sums: dict[str, float] = defaultdict(float)
-        for r in pairs:
-            primary, shadow = float(r["primary_s"]), float(r["shadow_s"])
-            spec, base = (
-                (primary, shadow) if r["primary_route"] == "speculative" else (shadow, primary)
-            )
-            sums["speculative"] += spec
-            sums["baseline"] += base
-            sums["chosen"] += primary
-            sums["faster"] += min(spec, base)
-        speedup = f"{sums['baseline'] / sums['speculative']:.2f}x" if pairs else "-"
-        regret = f"{sums['chosen'] / sums['faster']:.3f}" if pairs else "-"
+        sums = PairSums()
+        for r in records:
+            if r.get("comparable"):
+                chosen = Route(r["primary_route"])
+                sums.add(PairedTiming.of(chosen, float(r["primary_s"]), float(r["shadow_s"])))
+        speedup = "-" if sums.speedup is None else f"{sums.speedup:.2f}x"
+        regret = "-" if sums.regret is None else f"{sums.regret:.3f}"
         lines.append(
             f"{name:<13}{len(records):>5}{outcomes.count('completed'):>6}"
-            f"{outcomes.count('cancelled'):>8}{outcomes.count('failed'):>8}{len(pairs):>7}"
+            f"{outcomes.count('cancelled'):>8}{outcomes.count('failed'):>8}{sums.pairs:>7}"
             f"{speedup:>9}{regret:>8}"
         )
     lines.append(

@@ -118,6 +118,10 @@ async def test_advise_reads_the_shadows_from_the_outcome_log(
     lines = render_shadows(shadows)
     row = next(line for line in lines if line.startswith("structured"))
     assert row.split()[1:6] == ["3", "3", "0", "0", "3"]
+    # The same pairs give the log's reader the gateway's live speedup (to the log's rounding).
+    live = totals.speedup("structured")
+    assert live is not None
+    assert float(row.split()[6].removesuffix("x")) == pytest.approx(live, abs=0.006)
     capsys.readouterr()
     assert main(["advise", str(log), "--k", "4"]) == 0
     out = capsys.readouterr().out
