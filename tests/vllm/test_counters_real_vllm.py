@@ -35,7 +35,8 @@ pytestmark = [
     ),
 ]
 
-REQUESTS = 40  # 24 drafted 896 tokens (0.61 accepted), short of the 0.03 standard error
+MIN_REQUESTS = 24  # drafted 896 tokens (0.61 accepted) on one CPU: short of a 0.03 standard error
+MAX_REQUESTS = 80  # 40 drafted ~1,340 there: enough on that CPU, not on every one
 DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 
@@ -50,8 +51,8 @@ async def test_the_speculative_server_runs_with_vllms_default(
     assert not (answer.get("metrics") or {}).get("speculative_decoding"), answer.get("metrics")
 
 
-# 40 requests one at a time: 2 to 7 s each on two shared cores (the CPU decides).
-@pytest.mark.timeout(600)
+# Up to 80 requests one at a time: 2 to 7 s each on two shared cores (the CPU decides).
+@pytest.mark.timeout(900)
 async def test_acceptance_is_attributed_from_the_counters(
     cost_model_gateway: str,
     http: aiohttp.ClientSession,
@@ -59,12 +60,29 @@ async def test_acceptance_is_attributed_from_the_counters(
     backends: Any,
 ) -> None:
     before = await scrape(backends.speculative)
+    seen: dict[str, object] = {}
+
+    async def attributed() -> tuple[dict[str, Any], float] | None:
+        async with http.get(f"{cost_model_gateway}/ready") as resp:
+            ready = await resp.json()
+        async with http.get(f"{cost_model_gateway}/metrics") as resp:
+            text = await resp.text()
+        ours = parse_metrics(text)
+        rate = ours.get("specroute_attributed_acceptance_rate", workload="code")
+        seen["windows by outcome"] = window_outcomes(text)
+        seen["code's drafted tokens"] = ours.get(
+            "specroute_attributed_draft_tokens", workload="code"
+        )
+        done = ready["acceptance_source"] == "counter_attribution" and math.isfinite(rate)
+        return (ready, rate) if done else None
+
     # Every request to the speculative server (the override header; the decoding
-    # is logged as for any request): the counters' standard error needs about
-    # 1,100 drafted tokens, and on a slow CPU the cost model rightly sends code to
-    # the baseline after a few requests (n-gram drafting costs more than it saves
-    # there), which would leave too few.
-    for i in range(REQUESTS):  # one at a time: each scrape window holds code only
+    # is logged as for any request): on a slow CPU the cost model rightly sends
+    # code to the baseline after a few requests (n-gram drafting costs more than
+    # it saves there), which would leave too few drafts. How many drafted tokens
+    # the rate needs depends on how bursty acceptance is (the fit's own residual),
+    # so requests go on until the gateway says its rate is certain enough.
+    for i in range(MAX_REQUESTS):  # one at a time: each scrape window holds code only
         async with http.post(
             f"{cost_model_gateway}/v1/chat/completions",
             json=repeat_code(i, backends.model),
@@ -73,20 +91,16 @@ async def test_acceptance_is_attributed_from_the_counters(
             assert resp.status == 200, await resp.text()
             await resp.read()
             assert resp.headers["x-specroute-route"] == "speculative"
-
-    async def attributed() -> tuple[dict[str, Any], float] | None:
-        async with http.get(f"{cost_model_gateway}/ready") as resp:
-            ready = await resp.json()
-        async with http.get(f"{cost_model_gateway}/metrics") as resp:
-            ours = parse_metrics(await resp.text())
-        rate = ours.get("specroute_attributed_acceptance_rate", workload="code")
-        done = ready["acceptance_source"] == "counter_attribution" and math.isfinite(rate)
-        return (ready, rate) if done else None
+        if i + 1 >= MIN_REQUESTS and await attributed():
+            break
 
     # The last window lands with the next scrape (every 0.5 s).
-    ready, rate = await wait_until(
-        attributed, "counter attribution in use, with a rate for code", ignoring=(KeyError,)
-    )
+    try:
+        ready, rate = await wait_until(
+            attributed, "counter attribution in use, with a rate for code", ignoring=(KeyError,)
+        )
+    except AssertionError as exc:  # why not: the windows' outcomes and the support
+        raise AssertionError(f"{exc} after {i + 1} requests; {seen}") from exc
     assert ready["per_request_metrics"] is False, ready
 
     after = await scrape(backends.speculative)
@@ -94,3 +108,14 @@ async def test_acceptance_is_attributed_from_the_counters(
     truth = (after.get(ACCEPTED) - before.get(ACCEPTED)) / drafted
     assert drafted > 1000, drafted
     assert abs(rate - truth) < 0.05, (rate, truth, drafted)
+
+
+def window_outcomes(text: str) -> dict[str, float]:
+    """specroute_attribution_windows_total by outcome, from the gateway's /metrics."""
+    outcomes: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("specroute_attribution_windows_total{"):
+            labels, _, value = line.rpartition(" ")
+            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
+            outcomes[outcome] = outcomes.get(outcome, 0.0) + float(value)
+    return outcomes
