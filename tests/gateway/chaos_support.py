@@ -713,10 +713,15 @@ class Flood:
 
 
 def p99(values: list[float]) -> float:
+    return percentile(values, 0.99)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-quantile (NaN for no values)."""
     if not values:
         return math.nan
     ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def flood_body(seed: int, messages: int = 1000, chars: int = 4000) -> bytes:
@@ -792,7 +797,8 @@ def figure_lines(figures: Figures, timeline: Timeline, flood_: Flood | None) -> 
         own = ", ".join(f"{n}x {s}" for s, n in sorted(flood_.own.items())) or "none"
         relayed = ", ".join(f"{n}x {s}" for s, n in sorted(flood_.relayed.items())) or "none"
         lines.append(
-            f"/health p99 under flood {flood_.p99_ms:.1f} ms ({len(flood_.health_ms)} "
+            f"/health p90 under flood {percentile(flood_.health_ms, 0.9):.1f} ms, "
+            f"p99 {flood_.p99_ms:.1f} ms ({len(flood_.health_ms)} "
             f"samples, max {max(flood_.health_ms, default=math.nan):.0f} ms; idle p99 "
             f"{p99(flood_.idle_health_ms):.1f} ms; bodies of {flood_.body_bytes / 1e6:.1f} MB, "
             f"answered by the gateway itself: {own}; relayed from a backend: {relayed})"
