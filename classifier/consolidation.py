@@ -216,8 +216,10 @@ class ConsolidationTarget:
             self._draining = False
         elif not self._draining:
             # Load we did not move there (an idle GPU's per-request choice): follow
-            # it unless that route is measured slower here; else it drains.
-            follow = other in allowed and not self._slower(other, target, batch)
+            # it unless what was measured of that route here, however little, is
+            # slower by the margin; else it drains. (Waiting for enough measurements
+            # followed a route measured 24% slower on 12 requests for ~35 decisions.)
+            follow = other in allowed and not self._looks_slower(other, target, batch, self._margin)
             if inflight[target] == 0 and follow:
                 self._target = other
                 self._hold_until = 0  # a trial the choice ended is over

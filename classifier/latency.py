@@ -309,3 +309,8 @@ class LatencyModel:
 
     def parameters(self) -> dict[Route, LatencyParameters]:
         return {route: fit.parameters() for route, fit in self._fits.items()}
+
+    def own_share(self, route: Route) -> float:
+        """How far the route's predictions rest on its own measurements (0..1); the
+        rest is borrowed from the other route's fit (RouteFit.borrow)."""
+        return min(1.0, self._fits[route].recent / _BORROW_WEIGHT)

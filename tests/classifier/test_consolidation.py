@@ -31,6 +31,24 @@ def test_follows_load_it_did_not_move_there() -> None:
     assert target.trials == 0
 
 
+def test_does_not_follow_load_to_a_route_measured_slower_on_a_few_requests() -> None:
+    """An idle GPU's choice put a request on the speculative server; at this load it
+    was measured 24% slower than the carrier on 6 requests each (fewer than a verdict
+    needs): the batch stays, and that request drains. Within the margin it follows."""
+    target = ConsolidationTarget(margin=0.05, initial=BASE)
+    for _ in range(6):
+        target.observed(SPEC, 8, latency_s=2.05, size_s=1.0)
+        target.observed(BASE, 8, latency_s=1.66, size_s=1.0)
+    target.update(busy(0, 7), BOTH)  # the load it has been under
+    assert target.update(busy(1, 0), BOTH) is BASE
+    close = ConsolidationTarget(margin=0.05, initial=BASE)
+    for _ in range(6):
+        close.observed(SPEC, 8, latency_s=1.70, size_s=1.0)  # 2.4% slower: within it
+        close.observed(BASE, 8, latency_s=1.66, size_s=1.0)
+    close.update(busy(0, 7), BOTH)
+    assert close.update(busy(1, 0), BOTH) is SPEC
+
+
 def test_tries_a_route_unmeasured_at_this_load_then_keeps_the_faster() -> None:
     target = ConsolidationTarget(trial_length=4, retry_after=100, initial=BASE)
     measured(target, BASE, 2.0)
@@ -209,6 +227,14 @@ def test_a_queue_on_the_carrier_sends_the_request_to_the_server_with_room() -> N
         BackendState(inflight=8, running=8, waiting=2),
     )
     assert policy.decide(f, transient).reason != "avoid-queue"
+
+
+def test_a_prediction_too_close_to_call_keeps_the_carrier() -> None:
+    """No lean (the batch's predicted ratio within the margin): nothing measured, and
+    the carrier stays; a lean moves it once the other server is idle."""
+    target = ConsolidationTarget(initial=BASE)
+    assert [target.update(busy(0, 3), BOTH, lean=None) for _ in range(10)] == [BASE] * 10
+    assert target.update(busy(0, 3), BOTH, lean=SPEC) is SPEC
 
 
 def test_an_unmeasured_load_follows_the_prediction_for_the_batch() -> None:

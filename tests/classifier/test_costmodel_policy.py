@@ -175,6 +175,37 @@ def test_a_workload_never_measured_is_explored_first() -> None:
     assert 0.03 * 2000 < later.count("explore") < 0.07 * 2000
 
 
+def test_a_baseline_never_measured_is_explored_first() -> None:
+    """CHAT goes speculative (predicted 1.4x faster) and the baseline's latency fit
+    has seen nothing (its predictions are borrowed from the speculative route's
+    fit): the budget explores the baseline well above the plain share, and is back
+    at the plain share once the baseline has its own measurements."""
+    p = CostModelPolicy(CostModelConfig(explore_share=0.05, seed=3, acceptance=MEASURED))
+    first = [p.decide(CHAT, IDLE) for _ in range(40)]
+    explored = [d for d in first if d.reason == "explore"]
+    assert len(explored) >= 5 and all(d.route is BASE for d in explored)  # plain 5%: 2
+    assert p.explore_counts()[0] <= 0.05 * 40 + 5  # the hard bound holds
+    for _ in range(20):  # streamed: a prefill row and a decode row each
+        p.observe(observation(BASE, CHAT, None))
+    later = [p.decide(CHAT, IDLE).reason for _ in range(2000)]
+    assert 0.03 * 2000 < later.count("explore") < 0.07 * 2000
+
+
+def test_an_idle_moment_inside_bursts_does_not_explore_the_baseline_more() -> None:
+    """Where most decisions find the GPU busy, an idle one is the start of a burst:
+    a request explored there would start the batch on the route predicted slower.
+    The baseline then gets the plain share only (40 idle decisions, each after 7
+    busy ones: the plain 5% gives 2 on average, the boosted one 5 or more)."""
+    p = CostModelPolicy(CostModelConfig(explore_share=0.05, seed=3, acceptance=MEASURED))
+    busy = spec_state(inflight=1)
+    idle = []
+    for _ in range(40):
+        for _ in range(7):
+            p.decide(CHAT, busy)
+        idle.append(p.decide(CHAT, IDLE).reason)
+    assert idle.count("explore") <= 4
+
+
 def test_no_exploration_when_the_other_route_is_far_slower() -> None:
     p = CostModelPolicy(CostModelConfig(explore_share=0.5, explore_max_slowdown=1.01))
     assert all(p.decide(STRUCTURED, IDLE).reason != "explore" for _ in range(500))
