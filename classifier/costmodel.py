@@ -22,9 +22,11 @@ hands to learn(). Order of a decision:
 3. otherwise (an idle GPU, or servers on separate GPUs) the smaller
    prediction: "spec-predicted-faster" / "baseline-predicted-faster".
 4. exploration: with probability explore_share (more for a workload whose
-   acceptance has few measurements, when the slower route is speculative),
-   and never beyond explore_share of all decisions so far (plus a burst of
-   5), the predicted-slower route instead ("explore").
+   acceptance has few measurements, when the slower route is speculative;
+   more while the baseline's latency fit is mostly borrowed from the
+   speculative one's, when it is the baseline and the GPU has mostly been
+   idle of late), and never beyond explore_share of all decisions so far
+   (plus a burst of 5), the predicted-slower route instead ("explore").
    Only where safe: not under a guard, both backends healthy, the slower
    route predicted at most explore_max_slowdown times the faster, and (one
    GPU) only while it is idle, since waking the other server under load slows
