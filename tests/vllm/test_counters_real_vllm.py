@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from tests.support import wait_until
-from tests.vllm.conftest import parse_metrics
+from tests.vllm.conftest import Scrape, parse_metrics
 from tests.vllm.test_costmodel_real_vllm import repeat_code
 
 pytestmark = [
@@ -66,10 +66,9 @@ async def test_acceptance_is_attributed_from_the_counters(
         async with http.get(f"{cost_model_gateway}/ready") as resp:
             ready = await resp.json()
         async with http.get(f"{cost_model_gateway}/metrics") as resp:
-            text = await resp.text()
-        ours = parse_metrics(text)
+            ours = parse_metrics(await resp.text())
         rate = ours.get("specroute_attributed_acceptance_rate", workload="code")
-        seen["windows by outcome"] = window_outcomes(text)
+        seen["windows by outcome"] = window_outcomes(ours)
         seen["code's drafted tokens"] = ours.get(
             "specroute_attributed_draft_tokens", workload="code"
         )
@@ -110,12 +109,11 @@ async def test_acceptance_is_attributed_from_the_counters(
     assert abs(rate - truth) < 0.05, (rate, truth, drafted)
 
 
-def window_outcomes(text: str) -> dict[str, float]:
+def window_outcomes(ours: Scrape) -> dict[str, float]:
     """specroute_attribution_windows_total by outcome, from the gateway's /metrics."""
     outcomes: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("specroute_attribution_windows_total{"):
-            labels, _, value = line.rpartition(" ")
-            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
-            outcomes[outcome] = outcomes.get(outcome, 0.0) + float(value)
+    for (name, labels), value in ours.samples.items():
+        if name == "specroute_attribution_windows_total":
+            outcome = dict(labels)["outcome"]
+            outcomes[outcome] = outcomes.get(outcome, 0.0) + value
     return outcomes
