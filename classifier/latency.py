@@ -174,7 +174,7 @@ class RouteFit:
         compute and the sampler), so the comparison would be between a fitted
         number and that guess.
         """
-        own = min(1.0, self.recent / weight)
+        own = self.own_share(weight)
         if own >= 1.0:
             self.rates = self._solved
             return
@@ -188,6 +188,11 @@ class RouteFit:
         self.rates = tuple(
             own * r + (1.0 - own) * b for r, b in zip(self._solved, borrowed, strict=True)
         )
+
+    def own_share(self, weight: float) -> float:
+        """How far this route's rates are its own fit (0..1): recent / weight, at most 1;
+        the rest is borrowed from the other route's (borrow)."""
+        return min(1.0, self.recent / weight)
 
     def anchor(self, other: RouteFit) -> None:
         """Remember the other route's state: this route's rates were just measured."""
@@ -313,4 +318,4 @@ class LatencyModel:
     def own_share(self, route: Route) -> float:
         """How far the route's predictions rest on its own measurements (0..1); the
         rest is borrowed from the other route's fit (RouteFit.borrow)."""
-        return min(1.0, self._fits[route].recent / _BORROW_WEIGHT)
+        return self._fits[route].own_share(_BORROW_WEIGHT)
