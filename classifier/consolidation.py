@@ -19,8 +19,10 @@ its latency alone on an idle GPU as the model predicts it, so a window that
 happened to hold long requests does not count against its route. Only
 requests sent while the other server was idle and finished while their route
 was still the target count: the others ran beside a split and measure that,
-not the route. Measurements decay, so the first completions after a switch,
-which are the short requests, weigh little by the time a trial is judged.
+not the route (a topology probe beside the batch is one request, and the
+carrier's requests beside it do count: see CostModelPolicy.decide).
+Measurements decay, so the first completions after a switch, which are the
+short requests, weigh little by the time a trial is judged.
 
 Until the target has been measured at this load, the cost model's prediction
 for the whole batch picks the carrier (`lean`). Then a route not measured at
@@ -106,7 +108,6 @@ class ConsolidationTarget:
         "_draining",
         "_dwell",
         "_hold_until",
-        "_ignored",
         "_load",
         "_margin",
         "_measured",
@@ -147,7 +148,6 @@ class ConsolidationTarget:
         self._measured = measurements or LoadMeasurements()
         self._target = initial
         self._load = 0.0  # 0: no decision under load yet
-        self._ignored = 0  # completions still to leave out (they ran beside a probe)
         self.trials = 0
 
     @property
@@ -166,15 +166,7 @@ class ConsolidationTarget:
         """
         if not (latency_s > 0 and size_s > 0 and math.isfinite(latency_s + size_s)):
             return
-        if self._ignored > 0:
-            self._ignored -= 1
-            return
         self._measured.add(route, batch, latency_s, size_s)
-
-    def ignore_next(self, completions: int) -> None:
-        """Leave out the next completions: they ran beside a request sent to the other
-        server (a topology probe) and measure that, not their route."""
-        self._ignored = max(self._ignored, completions)
 
     def per_unit(self, route: Route, batch: int) -> float | None:
         """Measured latency per unit of work on `route` at this load (None: never measured)."""

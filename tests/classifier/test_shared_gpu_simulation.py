@@ -71,8 +71,8 @@ def test_with_a_gpu_per_server_each_request_goes_where_it_is_fastest(concurrency
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_auto_measures_the_topology_and_pays_little_for_it(concurrency: int, gpus: int) -> None:
     """The default (shared_gpu = "auto") starts as if on one GPU and probes. Measured
-    in this sim, seeds 3-5: one GPU 1.03-1.04x the better static at 8 and 1.06-1.08x
-    at 32 (5-13 probes; told the topology: 1.006 and 1.015); a GPU each 0.73x and
+    in this sim, seeds 3-5: one GPU 1.03-1.09x the better static at 8 and 1.06-1.08x
+    at 32 (5-13 probes; told the topology: 1.006 and 1.015); a GPU each 0.71x and
     0.65x (told: 0.64 and 0.59; before "auto", the default true gave ~1.0)."""
     policy = CostModelPolicy(CostModelConfig())
     ours = mean_latency(simulate(policy, REQUESTS, concurrency, gpus=gpus))
@@ -84,3 +84,20 @@ def test_auto_measures_the_topology_and_pays_little_for_it(concurrency: int, gpu
     assert shared is (gpus == 1)
     assert probes <= 16
     assert ours <= (1.12 if gpus == 1 else 0.8) * best, ours / best
+
+
+def test_measuring_the_topology_does_not_starve_the_carriers_measurements() -> None:
+    """A fresh gateway (defaults: topology "auto") after 200 requests at concurrency 1
+    meets concurrency 8 for the first time: 128 requests of warm-up, then 128 measured,
+    six seeds. The probes beside the batch must not hold back the verdict on which server
+    carries it. Measured in this sim: 1.019x the better static route on average (worst
+    1.061); leaving out 2 x batch completions after each probe, 1.076x (worst 1.128)."""
+    ratios = []
+    for seed in range(0, 6000, 1000):
+        policy = CostModelPolicy(CostModelConfig())
+        simulate(policy, jobs(34, seed=1 + seed), 1)
+        simulate(policy, jobs(22, seed=108 + seed), 8)
+        measured = jobs(22, seed=8 + seed)
+        best = min(mean_latency(simulate(StaticPolicy(r), measured, 8)) for r in (SPEC, BASE))
+        ratios.append(mean_latency(simulate(policy, measured, 8)) / best)
+    assert sum(ratios) / len(ratios) <= 1.05, ratios
