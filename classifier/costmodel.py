@@ -377,13 +377,14 @@ class CostModelPolicy:
                 # What finishes beside it was slowed a little (one of the probe's steps
                 # per step, for one request's life, every 25 decisions) and still counts
                 # for the carrier. Leaving out the next 2 x batch completions after each
-                # probe starved the measurements while the topology was measured (10 of
-                # 127 decisions counted at concurrency 8), so verdicts came late and a
-                # ramp followed a server measured on a few short requests: nine one-GPU
-                # scenarios at concurrency 8 (virtual time, 8 seeds) 1.094x the better
-                # static route on average, 1.052x counting them. Leaving out exactly the
-                # requests in flight beside a probe gave 1.088x: it is the count of
-                # measurements that matters, not the probe's slowdown in them.
+                # probe starved the measurements while the topology was measured (10
+                # completions counted in 127 decisions at concurrency 8), so verdicts
+                # came late and a ramp followed a server measured on a few short
+                # requests: nine one-GPU scenarios at concurrency 8 (virtual time, 8
+                # seeds) 1.094x the better static route on average, 1.052x counting
+                # them. Leaving out exactly the requests in flight beside a probe gave
+                # 1.088x: it is the count of measurements that matters, not the probe's
+                # slowdown in them.
                 route, reason = route.other, "topology-probe"
         else:
             cost = self._cost(predicted, loads)
