@@ -14,14 +14,13 @@ from shared_gpu_sim import Job, jobs, mean_latency, simulate
 
 from classifier import Route, StaticPolicy
 from classifier.costmodel import CostModelConfig, CostModelPolicy
-
-DEMO = ["structured", "sql", "code", "creative", "rag"]
+from tooling.workloads import MIXES
 
 pytestmark = pytest.mark.slow
 
 
 def bursts(per_workload: int, seed: int) -> list[list[Job]]:
-    return [jobs(per_workload, seed=seed + i, names=[name]) for i, name in enumerate(DEMO)]
+    return [jobs(per_workload, seed=seed + i, names=[name]) for i, name in enumerate(MIXES["demo"])]
 
 
 def test_a_gateway_that_has_learned_serves_each_burst_on_the_server_that_suits_it() -> None:
