@@ -69,3 +69,50 @@ def test_a_starved_route_keeps_its_measured_ratio_to_the_other() -> None:
     )
     assert before > 2.0
     assert after == pytest.approx(before, rel=0.15)
+
+
+def _step(model: LatencyModel, route: Route, batch: int) -> float:
+    """The route's predicted decode step at `batch` (101 tokens, no prompt, less the
+    same with 1 token: the time to first token cancels)."""
+    return (
+        model.predict(route, RouteLoad(0, 101, batch))
+        - model.predict(route, RouteLoad(0, 1, batch))
+    ) / 100
+
+
+def test_a_route_measured_only_by_its_scraped_steps_predicts_those_steps() -> None:
+    """The speculative route's requests say the engine is twice as fast as the priors;
+    the baseline gets no request, only its server's scraped step times, 2.5x faster
+    than its prior. Its step is then its own measurement, where before it was
+    borrowed (prior x the speculative route's multiplier: 1.25x too slow), and its
+    time to first token still follows the speculative route's (not its prior's)."""
+    priors = LatencyPriors()
+    model = LatencyModel(priors, num_speculative_tokens=4, draft_cost_ratio=0.2)
+    for i in range(60):
+        prompt, batch = 100 + 10 * i, 1 + i % 4
+        ttft = 0.5 * (priors.ttft_base_s + priors.prefill_s_per_token * prompt)
+        decode = 0.5 * 40 * 1.8 * (priors.step_base_s + priors.step_per_seq_s * batch)
+        _streamed(model, Route.SPECULATIVE, prompt, 41, batch, ttft, decode)
+    truth = 0.4 * (priors.step_base_s + priors.step_per_seq_s * 2)
+    borrowed = _step(model, Route.BASELINE, 2)
+    assert borrowed == pytest.approx(1.25 * truth, rel=0.05)
+    for batch in (1, 2, 3, 2, 2, 4):
+        step = 0.4 * (priors.step_base_s + priors.step_per_seq_s * batch)
+        model.observe_steps(Route.BASELINE, batch, step, gaps=200)
+    assert _step(model, Route.BASELINE, 2) == pytest.approx(truth, rel=0.1)
+    first_token = model.predict(Route.BASELINE, RouteLoad(500, 1, 1))
+    assert first_token == pytest.approx(model.predict(Route.SPECULATIVE, RouteLoad(500, 1, 1)))
+    assert first_token == pytest.approx(
+        0.5 * (priors.ttft_base_s + priors.prefill_s_per_token * 500), rel=0.1
+    )
+
+
+def test_a_few_token_gaps_move_the_step_less_than_many() -> None:
+    priors = LatencyPriors()
+    few = LatencyModel(priors, num_speculative_tokens=4, draft_cost_ratio=0.2)
+    many = LatencyModel(priors, num_speculative_tokens=4, draft_cost_ratio=0.2)
+    step = 0.4 * (priors.step_base_s + priors.step_per_seq_s)
+    few.observe_steps(Route.BASELINE, 1, step, gaps=5)
+    many.observe_steps(Route.BASELINE, 1, step, gaps=500)
+    prior = _step(LatencyModel(priors, 4, 0.2), Route.BASELINE, 1)
+    assert step < _step(many, Route.BASELINE, 1) < _step(few, Route.BASELINE, 1) < prior
