@@ -122,7 +122,7 @@ class Scenario:
         cheaper, so no modelled step is shorter in wall time than the default
         scenario's. The gateway's CPU per request on these two shared cores is
         fixed: at 0.2 every step x0.5 came out at 1.08-1.17 over HTTP (the oracle
-        through gateways too) against 1.050 in virtual time; at 0.4, 1.065-1.077."""
+        through gateways too) against 1.050 in virtual time; at 0.4, 1.065-1.070."""
         return base / min(self.step_factor, 1.0)
 
     @property
