@@ -131,11 +131,9 @@ class Scenario:
         return not (self.spec_metrics and self.stream)
 
 
-def _steps(factor: float) -> Scenario:
-    """Every step cost x factor (the emulator's step knobs, both servers)."""
+def _steps(factor: float) -> dict[str, Any]:
     base = EmulatorConfig(mode="baseline")
-    knobs = {k: getattr(base, k) * factor for k in _STEP_KNOBS}
-    return Scenario(f"steps{factor:g}", f"every step cost x{factor:g}", knobs, step_factor=factor)
+    return {k: getattr(base, k) * factor for k in _STEP_KNOBS}
 
 
 SCENARIOS = [
@@ -164,8 +162,8 @@ SCENARIOS = [
     Scenario("c0.4", "draft cost c 0.4", {"draft_cost_ratio": 0.4}),
     Scenario("k2", "k 2", {"num_speculative_tokens": 2}),
     Scenario("k8", "k 8", {"num_speculative_tokens": 8}),
-    _steps(0.5),
-    _steps(3.0),
+    Scenario("steps0.5", "every step cost x0.5", _steps(0.5), step_factor=0.5),
+    Scenario("steps3", "every step cost x3", _steps(3.0), step_factor=3.0),
     Scenario("gpu-each", "a GPU per server", gpus=2),
     Scenario("metrics-off", "no per-request spec metrics", spec_metrics=False),
     Scenario("non-stream", "clients do not stream", stream=False),

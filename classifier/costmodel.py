@@ -553,19 +553,10 @@ class CostModelPolicy:
     ) -> str:
         """Learn a server's measured decode step (its own metrics over a window, any
         traffic): step_s seconds at `batch` sequences, the mean of `gaps` token gaps.
-        Only the baseline's steps are fitted. Returns what became of it: "fitted";
-        "speculative_route" (not fitted, see below); "gpu_busy" (on a GPU that may be shared,
+        Returns what became of it: "fitted"; "gpu_busy" (on a GPU that may be shared,
         the other server stepped meanwhile, so its steps are in the figure);
         "own_requests" (the route's own answers are enough: LatencyModel.observe_steps);
         "invalid"."""
-        if route is SPEC:
-            # Its gaps are steps that yield several tokens each, and with its few
-            # steps per answer one in ~15 also carries a neighbour's prefill (one in
-            # ~50 of the baseline's): in the README demo its mean gap was 12 ms where
-            # its decode step costs 8.7 ms, and fitted, it put structured output on
-            # the baseline before any acceptance was measured (1.13 -> 1.24-1.26).
-            # The baseline is the route the neutral priors leave unmeasured anyway.
-            return "speculative_route"
         if not gpu_to_itself and self._pair(pair).shared:
             return "gpu_busy"
         if not (math.isfinite(step_s) and step_s > 0 and math.isfinite(batch) and gaps > 0):

@@ -225,11 +225,9 @@ class RouteFit:
 
     def add_steps(self, batch: float, step_s: float, weight: float) -> None:
         """Fit a measured decode step (step_s seconds at `batch` sequences) as
-        `weight` requests' worth. Their count stops at _BORROW_WEIGHT: windows come
-        on a clock, and without a bound an hour of them would take hundreds of the
-        other route's answers to fade."""
+        `weight` requests' worth."""
         if self._fit((0.0, 0.0, 1.0, batch, 0.0), step_s, weight, clip=False):
-            self.step_recent = min(self.step_recent + weight, _BORROW_WEIGHT)
+            self.step_recent += weight
 
     def add(self, x: tuple[float, ...], y: float) -> None:
         """Fit one row: y seconds were spent on the cost terms x (same order as the rates)."""
@@ -237,10 +235,8 @@ class RouteFit:
             self.recent += 1.0
 
     def _fit(self, x: tuple[float, ...], y: float, weight: float = 1.0, clip: bool = True) -> bool:
-        """clip: limit the row's residual to a few times its running scale (one
-        stalled request). A mean of many steps is only kept within [1/10, 4] x the
-        current prediction (a window holding a stall), or a route measured only
-        that way would crawl to its rate."""
+        """clip: limit the row's residual (one stalled request); a mean of many steps
+        is not clipped, or a route measured only that way would crawl to its rate."""
         xv = np.array(x, dtype=float)
         terms = xv * self._prior
         scale = float(terms.sum())  # the prior's prediction: the unit of this row
@@ -248,15 +244,13 @@ class RouteFit:
             return False
         z = terms / scale
         target = y / scale
-        current = float(z @ (np.array(self.rates) / self._prior))
         if clip:
+            current = float(z @ (np.array(self.rates) / self._prior))
             relative = target / current - 1.0
             limit = max(4.0 * self._clip_scale, 0.25)
             relative = min(max(relative, -limit), limit)
             self._clip_scale = 0.95 * self._clip_scale + 0.05 * abs(relative)
             target = current * (1.0 + relative)
-        else:
-            target = min(max(target, 0.1 * current), 4.0 * current)
         self._a *= self._decay
         self._b *= self._decay
         self._a += weight * np.outer(z, z)
@@ -355,14 +349,13 @@ class LatencyModel:
     def observe_steps(self, route: Route, batch: float, step_s: float, gaps: float) -> bool:
         """Learn from the server's own decode steps: step_s seconds per step at
         `batch` sequences, the mean of `gaps` token gaps in its scraped metrics over
-        a window (on a shared GPU, one in which the other server made no step: the
-        caller checks). Whoever sent the traffic, it
+        a window in which nothing else ran on its GPU. Whoever sent the traffic, it
         measures the step, which a route the policy has not sent to would otherwise
         borrow from the other. A mean of many gaps is worth several requests' rows,
         up to _MAX_STEPS_WEIGHT (the batch and any prefill in it are approximate).
 
-        Only while the route has fewer than _BORROW_WEIGHT recent answers of its
-        own: its answers measure everything a request pays there, queueing and
+        Only while the route's own requests are too few to stand on (own share
+        < 1): its answers measure everything a request pays there, queueing and
         the neighbours' prefills included, at the batches it is sent into. Taken
         on top of them at concurrency 8 (virtual time, default truth, 8 seeds),
         windows of a batch that was still ramping up moved the carrier to the
@@ -373,17 +366,13 @@ class LatencyModel:
             return False
         weight = min(gaps / _GAPS_PER_ROW, _MAX_STEPS_WEIGHT)
         fit.add_steps(max(batch, 1.0), step_s, weight)
-        # No fade of the other route: these come on a clock, not instead of its answers.
-        self._measured(route, _STEP_RATES, fade=False)
+        self._measured(route, _STEP_RATES)
         return True
 
-    def _measured(
-        self, route: Route, rates: tuple[int, ...] = tuple(range(_N)), *, fade: bool = True
-    ) -> None:
+    def _measured(self, route: Route, rates: tuple[int, ...] = tuple(range(_N))) -> None:
         fit, other = self._fits[route], self._fits[route.other]
         fit.anchor(other, rates)
-        if fade:
-            other.fade()
+        other.fade()
         for thin, rich in ((fit, other), (other, fit)):
             thin.borrow(rich, _BORROW_WEIGHT)
 
@@ -391,7 +380,6 @@ class LatencyModel:
         return {route: fit.parameters() for route, fit in self._fits.items()}
 
     def own_share(self, route: Route) -> float:
-        """How far the route's decode step rests on its own measurements (0..1): its
-        answers and its server's scraped steps; the rest is borrowed from the other
-        route's fit (RouteFit.borrow)."""
+        """How far the route's predictions rest on its own measurements (0..1); the
+        rest is borrowed from the other route's fit (RouteFit.borrow)."""
         return self._fits[route].own_share(_BORROW_WEIGHT)

@@ -63,8 +63,6 @@ class Upstream:
     # Its decode steps over the last scrape window, or why not (scraper.step_window);
     # None: that scrape failed.
     steps: StepWindow | str | None = None
-    scrape_round: int = 0  # the scrape round (BackendPool) of `scrape`
-    steps_from_round: int = 0  # the round `steps` starts at (its previous good scrape)
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic time; passive ejection keeps it out till then
     # When the requests sent here were decoding, for the counter attribution.
@@ -231,7 +229,6 @@ class BackendPool:
         self._eject_s = eject_s
         self._retries_inflight = 0
         self.probed = False  # the health prober has finished one round
-        self._round = 0  # scrape rounds (scrape_all calls) so far
         self._idle = asyncio.Event()  # nothing in flight anywhere: what a drain waits for
         self._idle.set()
         self._backends = {
@@ -438,7 +435,6 @@ class BackendPool:
         results = await asyncio.gather(
             *(scrape_once(session, u.url, b.headers, timeout_s) for b, u in pairs)
         )
-        self._round += 1
         for (backend, upstream), scrape in zip(pairs, results, strict=True):
             upstream.steps = None
             if scrape is None:
@@ -449,11 +445,10 @@ class BackendPool:
                 if window is not None:
                     upstream.acceptance = window
                 upstream.steps = step_window(upstream.scrape, scrape)
-                upstream.steps_from_round = upstream.scrape_round
             self.sources.window(
                 backend.route.value, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
             )
-            upstream.scrape, upstream.scrape_round = scrape, self._round
+            upstream.scrape = scrape
             upstream.inflight_at_scrape = upstream.inflight
         for backend in self:
             self._export(backend)
@@ -462,9 +457,7 @@ class BackendPool:
     def _step_samples(self) -> Iterator[StepSample]:
         """Each endpoint's measured decode steps this round, and whether its GPU was
         its own meanwhile (every endpoint of the other route in its pair idle over
-        at least the same span: its window starts at the same round or earlier;
-        rounds, not the scrapes' times, which differ by the order the answers
-        came in); windows without decoding are only counted."""
+        at least the same span); windows without decoding are only counted."""
         for pair in self.pairs:
             for route in Route:
                 for upstream in pair.of(route):
@@ -477,7 +470,7 @@ class BackendPool:
                     alone = all(
                         isinstance(o.steps, StepWindow)
                         and o.steps.steps == 0
-                        and o.steps_from_round <= upstream.steps_from_round
+                        and o.steps.start <= window.start
                         for o in pair.of(route.other)
                     )
                     yield StepSample(pair.index, route, window, alone)
@@ -516,14 +509,8 @@ class BackendPool:
         while True:
             started = time.monotonic()
             for sample in await self.scrape_all(session, timeout_s):
-                if on_steps is None:
-                    self._metrics.step_windows.labels(sample.route.value, "unused").inc()
-                    continue
-                try:
+                if on_steps is not None:
                     on_steps(sample)
-                except Exception:  # a bug there must not stop the scrapes routing reads
-                    log.exception("step_window_failed", backend=sample.route.value)
-                    self._metrics.step_windows.labels(sample.route.value, "error").inc()
             await sleep_until_next(interval_s, started)
 
     async def run_prober(

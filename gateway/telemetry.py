@@ -178,10 +178,9 @@ class Metrics:
             "specroute_step_windows",
             "Scrape windows of a server's own decode steps (vLLM's inter-token latency and "
             "iteration histograms), by outcome: fitted (into that route's latency model), "
-            "gpu_busy (the other server on its GPU stepped meanwhile), speculative_route (its "
-            "steps are not fitted), own_requests (the "
+            "gpu_busy (the other server on its GPU stepped meanwhile), own_requests (the "
             "route's own answers are enough to fit it), idle, reset, no_histograms, invalid, "
-            "unused (a policy without a latency model), error (the fit raised).",
+            "unused (a policy without a latency model).",
             ["backend", "outcome"],
             registry=r,
         )

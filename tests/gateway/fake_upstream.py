@@ -51,7 +51,6 @@ class FakeUpstream:
     error_after: int | None = None
     tokens_per_event: int = 1  # tokens each streamed event stands for, in the usage
     metrics_text: str = ""  # what /metrics answers (404 when empty)
-    metrics_delay_s: float = 0.0  # before /metrics answers
     received: list[dict[str, Any]] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     sent_streams: list[bytes] = field(default_factory=list)
@@ -68,7 +67,6 @@ class FakeUpstream:
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        await asyncio.sleep(self.metrics_delay_s)
         if not self.metrics_text:
             raise web.HTTPNotFound()
         return web.Response(text=self.metrics_text, content_type="text/plain")

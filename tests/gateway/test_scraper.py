@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from classifier.policy import Route
 from gateway.scraper import StepWindow, acceptance_between, parse_metrics, step_window
 from gateway.state import BACKENDS, SESSION
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_observability import samples
-from tests.support import wait_until
 
 Client = TestClient[web.Request, web.Application]
 
@@ -147,50 +143,3 @@ async def test_spec_kv_pressure_from_scrape_sends_structured_to_baseline(
     resp = await gateway.post("/v1/chat/completions", json=body)
     assert resp.headers["x-specroute-route"] == "baseline"
     assert resp.headers["x-specroute-reason"] == "kv-pressure"
-
-
-async def test_a_failing_step_fit_does_not_stop_the_scrapes(
-    gateway: Client, spec_upstream: FakeUpstream
-) -> None:
-    """The scraper hands each measured step window to the policy; if that raises, the
-    window is counted as an error and the scrapes that routing reads go on."""
-    pool, session = gateway.app[BACKENDS], gateway.app[SESSION]
-    calls = 0
-
-    def broken(_: object) -> None:
-        nonlocal calls
-        calls += 1
-        raise RuntimeError("a bug in the fit")
-
-    spec_upstream.metrics_text = step_metrics(100, 150, 0.6)
-    task = asyncio.create_task(pool.run_scraper(session, 0.02, 1.0, broken))
-    try:
-        spec = pool.of(Route.SPECULATIVE).upstreams[0]
-        await wait_until(lambda: spec.scrape is not None, "a first scrape")
-        spec_upstream.metrics_text = step_metrics(140, 230, 1.0) + vllm_metrics(3, 0, 0.1, 0, 0, 0)
-        await wait_until(lambda: calls >= 1, "the step window handed over")
-        await wait_until(lambda: pool.live_state().speculative.running == 3, "scrapes going on")
-        assert not task.done()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    m = samples(await (await gateway.get("/metrics")).text())
-    key = ("specroute_step_windows_total", (("backend", "speculative"), ("outcome", "error")))
-    assert m[key] >= 1
-
-
-async def test_a_window_counts_as_alone_whichever_scrape_answers_last(
-    gateway: Client, spec_upstream: FakeUpstream, base_upstream: FakeUpstream
-) -> None:
-    """The two scrapes of a round finish in some order: whether the other server was
-    idle over the same span must not depend on it. Compared by the scrapes' times,
-    a baseline window never counted while the speculative server answered later."""
-    pool, session = gateway.app[BACKENDS], gateway.app[SESSION]
-    spec_upstream.metrics_text = step_metrics(10, 10, 0.1)  # idle throughout
-    spec_upstream.metrics_delay_s = 0.05
-    base_upstream.metrics_text = step_metrics(100, 150, 0.6)
-    await pool.scrape_all(session, timeout_s=1.0)
-    base_upstream.metrics_text = step_metrics(140, 230, 1.0)
-    samples_ = await pool.scrape_all(session, timeout_s=1.0)
-    assert [(s.route, s.gpu_to_itself) for s in samples_] == [(Route.BASELINE, True)]
