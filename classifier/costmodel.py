@@ -541,30 +541,6 @@ class CostModelPolicy:
             )
         )
 
-    def learn_steps(
-        self,
-        route: Route,
-        *,
-        batch: float,
-        step_s: float,
-        gaps: float,
-        gpu_to_itself: bool,
-        pair: int = 0,
-    ) -> str:
-        """Learn a server's measured decode step (its own metrics over a window, any
-        traffic): step_s seconds at `batch` sequences, the mean of `gaps` token gaps.
-        Returns what became of it: "fitted"; "gpu_busy" (on a GPU that may be shared,
-        the other server stepped meanwhile, so its steps are in the figure);
-        "own_requests" (the route's own answers are enough: LatencyModel.observe_steps);
-        "invalid"."""
-        if not gpu_to_itself and self._pair(pair).shared:
-            return "gpu_busy"
-        if not (math.isfinite(step_s) and step_s > 0 and math.isfinite(batch) and gaps > 0):
-            return "invalid"
-        return (
-            "fitted" if self._latency.observe_steps(route, batch, step_s, gaps) else "own_requests"
-        )
-
     def learn_shadow(self, outcome: FinishedRequest) -> None:
         """Learn from a shadow copy's answer (the route a user request was not sent to,
         same request, measured in idle time): as any answer, and its workload counts as

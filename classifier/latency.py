@@ -20,11 +20,6 @@ nothing ever waits) stays at its prior instead of drifting; the data decays,
 so the fit follows a backend that changes. Residuals beyond 4x their running
 scale are clipped and multipliers stay within [1/max_factor, max_factor], so
 one stalled request cannot wreck the model.
-
-A route with few answers of its own also fits its server's measured decode
-step (observe_steps: the mean inter-token latency of a scrape window, from
-vLLM's own histograms, whoever sent the traffic), which pins its two step
-rates where it would otherwise borrow them from the other route.
 """
 
 from __future__ import annotations
@@ -45,9 +40,6 @@ _N = 5  # t0, p, s0, s1, q
 # steady traffic stands on its own fit and a starved one leans on the other.
 _BORROW_WEIGHT = 20.0
 _FADE = 0.99
-_STEP_RATES = (2, 3)  # s0, s1: what a measured decode step pins down
-_GAPS_PER_ROW = 25.0  # token gaps in a scraped step window worth one request's row
-_MAX_STEPS_WEIGHT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +132,6 @@ class RouteFit:
         "rates",
         "recent",
         "samples",
-        "step_recent",
     )
 
     def __init__(self, prior: tuple[float, ...], priors: LatencyPriors) -> None:
@@ -155,15 +146,11 @@ class RouteFit:
         # Plain floats: the decision path reads these, and numpy scalars are slow.
         self.rates: tuple[float, ...] = tuple(float(v) for v in prior)
         self._solved = self.rates  # this route's own fit, before any borrowing
-        # Per rate, the other route's multiplier when this route last measured
-        # that rate (None: never).
-        self._anchor: list[float | None] = [None] * _N
+        # The other route's multipliers when this one was last fitted (None: never).
+        self._anchor: tuple[float, ...] | None = None
         # Own observations, fading as the other route is observed instead: a
         # route the policy stopped choosing gradually leans on the other again.
         self.recent = 0.0
-        # Own measurements of the decode step alone (the server's scraped step
-        # times, add_steps): they make the step rates its own, not the others.
-        self.step_recent = 0.0
 
     def predict(self, prompt_tokens: float, steps: float, batch: float, waiting: float) -> float:
         t0, p, s0, s1, q = self.rates
@@ -187,80 +174,55 @@ class RouteFit:
         compute and the sampler), so the comparison would be between a fitted
         number and that guess.
         """
-        own = self._own_shares(weight)
-        if min(own) >= 1.0:
+        own = self.own_share(weight)
+        if own >= 1.0:
             self.rates = self._solved
             return
         theirs = other.multipliers()
-        borrowed = tuple(
-            float(p) * t if a is None else r * t / a
-            for p, r, t, a in zip(self._prior, self._solved, theirs, self._anchor, strict=True)
-        )
+        if self._anchor is None:
+            borrowed = tuple(float(p) * t for p, t in zip(self._prior, theirs, strict=True))
+        else:
+            borrowed = tuple(
+                r * t / a for r, t, a in zip(self._solved, theirs, self._anchor, strict=True)
+            )
         self.rates = tuple(
-            o * r + (1.0 - o) * b for o, r, b in zip(own, self._solved, borrowed, strict=True)
+            own * r + (1.0 - own) * b for r, b in zip(self._solved, borrowed, strict=True)
         )
 
     def own_share(self, weight: float) -> float:
-        """How far this route's decode step is its own fit (0..1): its observations
-        over weight, at most 1; the rest is borrowed from the other route's (borrow)."""
-        return min(1.0, (self.recent + self.step_recent) / weight)
+        """How far this route's rates are its own fit (0..1): recent / weight, at most 1;
+        the rest is borrowed from the other route's (borrow)."""
+        return min(1.0, self.recent / weight)
 
-    def _own_shares(self, weight: float) -> tuple[float, ...]:
-        """own_share per rate: a scraped step time measures the two step rates only."""
-        whole = min(1.0, self.recent / weight)
-        step = self.own_share(weight)
-        return tuple(step if i in _STEP_RATES else whole for i in range(_N))
-
-    def anchor(self, other: RouteFit, measured: tuple[int, ...] = tuple(range(_N))) -> None:
-        """Remember the other route's state: this route's `measured` rates were just
-        measured."""
-        theirs = other.multipliers()
-        for i in measured:
-            self._anchor[i] = theirs[i]
-
-    def fade(self) -> None:
-        """The other route was observed instead of this one."""
-        self.recent *= _FADE
-        self.step_recent *= _FADE
-
-    def add_steps(self, batch: float, step_s: float, weight: float) -> None:
-        """Fit a measured decode step (step_s seconds at `batch` sequences) as
-        `weight` requests' worth."""
-        if self._fit((0.0, 0.0, 1.0, batch, 0.0), step_s, weight, clip=False):
-            self.step_recent += weight
+    def anchor(self, other: RouteFit) -> None:
+        """Remember the other route's state: this route's rates were just measured."""
+        self._anchor = other.multipliers()
 
     def add(self, x: tuple[float, ...], y: float) -> None:
         """Fit one row: y seconds were spent on the cost terms x (same order as the rates)."""
-        if self._fit(x, y):
-            self.recent += 1.0
-
-    def _fit(self, x: tuple[float, ...], y: float, weight: float = 1.0, clip: bool = True) -> bool:
-        """clip: limit the row's residual (one stalled request); a mean of many steps
-        is not clipped, or a route measured only that way would crawl to its rate."""
         xv = np.array(x, dtype=float)
         terms = xv * self._prior
         scale = float(terms.sum())  # the prior's prediction: the unit of this row
         if not (math.isfinite(y) and y > 0 and scale > 0):
-            return False
+            return
         z = terms / scale
         target = y / scale
-        if clip:
-            current = float(z @ (np.array(self.rates) / self._prior))
-            relative = target / current - 1.0
-            limit = max(4.0 * self._clip_scale, 0.25)
-            relative = min(max(relative, -limit), limit)
-            self._clip_scale = 0.95 * self._clip_scale + 0.05 * abs(relative)
-            target = current * (1.0 + relative)
+        current = float(z @ (np.array(self.rates) / self._prior))
+        relative = target / current - 1.0
+        limit = max(4.0 * self._clip_scale, 0.25)
+        relative = min(max(relative, -limit), limit)
+        self._clip_scale = 0.95 * self._clip_scale + 0.05 * abs(relative)
+        target = current * (1.0 + relative)
         self._a *= self._decay
         self._b *= self._decay
-        self._a += weight * np.outer(z, z)
-        self._b += weight * z * target
-        self.samples = self.samples * self._decay + weight
+        self._a += np.outer(z, z)
+        self._b += z * target
+        self.samples = self.samples * self._decay + 1.0
+        self.recent += 1.0
         ridge = self._ridge * np.eye(_N)
         multipliers = np.linalg.solve(self._a + ridge, self._b + self._ridge)
         multipliers = np.clip(multipliers, self._min, self._max)
         self.rates = self._solved = tuple(float(v) for v in multipliers * self._prior)
-        return True
 
     def parameters(self) -> LatencyParameters:
         t0, p, s0, s1, q = self.rates
@@ -344,35 +306,9 @@ class LatencyModel:
         else:
             own = max(duration_s - waited, 0.1 * duration_s)
             fit.add((1.0, load.prefill, steps, steps * batch, waiting), own)
-        self._measured(route)
-
-    def observe_steps(self, route: Route, batch: float, step_s: float, gaps: float) -> bool:
-        """Learn from the server's own decode steps: step_s seconds per step at
-        `batch` sequences, the mean of `gaps` token gaps in its scraped metrics over
-        a window in which nothing else ran on its GPU. Whoever sent the traffic, it
-        measures the step, which a route the policy has not sent to would otherwise
-        borrow from the other. A mean of many gaps is worth several requests' rows,
-        up to _MAX_STEPS_WEIGHT (the batch and any prefill in it are approximate).
-
-        Only while the route's own requests are too few to stand on (own share
-        < 1): its answers measure everything a request pays there, queueing and
-        the neighbours' prefills included, at the batches it is sent into. Taken
-        on top of them at concurrency 8 (virtual time, default truth, 8 seeds),
-        windows of a batch that was still ramping up moved the carrier to the
-        speculative server: 1.044x -> 1.093x the better static route. Returns
-        whether it was fitted."""
-        fit = self._fits[route]
-        if fit.recent >= _BORROW_WEIGHT:
-            return False
-        weight = min(gaps / _GAPS_PER_ROW, _MAX_STEPS_WEIGHT)
-        fit.add_steps(max(batch, 1.0), step_s, weight)
-        self._measured(route, _STEP_RATES)
-        return True
-
-    def _measured(self, route: Route, rates: tuple[int, ...] = tuple(range(_N))) -> None:
-        fit, other = self._fits[route], self._fits[route.other]
-        fit.anchor(other, rates)
-        other.fade()
+        other = self._fits[route.other]
+        fit.anchor(other)
+        other.recent *= _FADE
         for thin, rich in ((fit, other), (other, fit)):
             thin.borrow(rich, _BORROW_WEIGHT)
 

@@ -18,10 +18,9 @@ from aiohttp import web
 from classifier.tokens import TokenCounter, load_tiktoken_counter
 from gateway import decision, figures, handlers, ui
 from gateway.auth import Keys, auth_middleware
-from gateway.backends import BackendPool, StepSample
+from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.errors import error_middleware
-from gateway.learning import learn_steps
 from gateway.limits import ByteRate
 from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder
@@ -117,19 +116,13 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     """Health probes and /metrics scrapes: they feed the router, never block it."""
     upstream = app[CONFIG].upstream
     pool, session = app[BACKENDS], app[SESSION]
-
-    def on_steps(sample: StepSample) -> None:
-        learn_steps(app[RUNTIME].current.policy, app[METRICS], sample)
-
     tasks = [
         asyncio.create_task(
             pool.run_prober(session, upstream.health_interval_s, upstream.health_timeout_s),
             name="specroute-health-prober",
         ),
         asyncio.create_task(
-            pool.run_scraper(
-                session, upstream.scrape_interval_s, upstream.health_timeout_s, on_steps
-            ),
+            pool.run_scraper(session, upstream.scrape_interval_s, upstream.health_timeout_s),
             name="specroute-metrics-scraper",
         ),
     ]

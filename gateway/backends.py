@@ -32,12 +32,10 @@ from gateway.config import BackendConfig, BackendsConfig, Pairing
 from gateway.scraper import (
     Acceptance,
     Scrape,
-    StepWindow,
     acceptance_between,
     fresh,
     scrape_once,
     sleep_until_next,
-    step_window,
 )
 from gateway.telemetry import Metrics
 
@@ -60,23 +58,10 @@ class Upstream:
     scrape: Scrape | None = None
     inflight_at_scrape: int = 0  # our in-flight count when that scrape came in
     acceptance: Acceptance | None = None  # over the last scrape window with drafts
-    # Its decode steps over the last scrape window, or why not (scraper.step_window);
-    # None: that scrape failed.
-    steps: StepWindow | str | None = None
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic time; passive ejection keeps it out till then
     # When the requests sent here were decoding, for the counter attribution.
     decode_log: DecodeLog = field(default_factory=DecodeLog)
-
-
-@dataclass(frozen=True, slots=True)
-class StepSample:
-    """One endpoint's decode steps over a scrape window, for its route's latency fit."""
-
-    pair: int
-    route: Route
-    window: StepWindow
-    gpu_to_itself: bool  # the other route's endpoints of its pair made no step meanwhile
 
 
 @dataclass(slots=True)
@@ -244,7 +229,6 @@ class BackendPool:
             metrics.prefill_pending.labels(route.value).set_function(backend.prefill_tokens)
             metrics.inflight.labels(route.value).set(0)
             metrics.backend_up.labels(route.value).set(1)
-            metrics.backend_step_seconds.labels(route.value).set(float("nan"))
         for pair in self.pairs:  # set by learning (gateway/learning.py); NaN: not known yet
             metrics.gpu_shared.labels(str(pair.index)).set(float("nan"))
 
@@ -426,17 +410,13 @@ class BackendPool:
         self.probed = True
         return any(b.healthy for b in self)
 
-    async def scrape_all(
-        self, session: aiohttp.ClientSession, timeout_s: float
-    ) -> list[StepSample]:
-        """Scrape every endpoint's /metrics once; keep the last good scrape. Returns
-        the decode steps measured since the previous round, for the latency fit."""
+    async def scrape_all(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
+        """Scrape every endpoint's /metrics once; keep the last good scrape."""
         pairs = [(b, u) for b in self for u in b.upstreams]
         results = await asyncio.gather(
             *(scrape_once(session, u.url, b.headers, timeout_s) for b, u in pairs)
         )
         for (backend, upstream), scrape in zip(pairs, results, strict=True):
-            upstream.steps = None
             if scrape is None:
                 self._metrics.upstream_errors.labels(backend.route.value, "scrape").inc()
                 continue
@@ -444,7 +424,6 @@ class BackendPool:
                 window = acceptance_between(upstream.scrape, scrape)
                 if window is not None:
                     upstream.acceptance = window
-                upstream.steps = step_window(upstream.scrape, scrape)
             self.sources.window(
                 backend.route.value, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
             )
@@ -452,28 +431,6 @@ class BackendPool:
             upstream.inflight_at_scrape = upstream.inflight
         for backend in self:
             self._export(backend)
-        return list(self._step_samples())
-
-    def _step_samples(self) -> Iterator[StepSample]:
-        """Each endpoint's measured decode steps this round, and whether its GPU was
-        its own meanwhile (every endpoint of the other route in its pair idle over
-        at least the same span); windows without decoding are only counted."""
-        for pair in self.pairs:
-            for route in Route:
-                for upstream in pair.of(route):
-                    window = upstream.steps
-                    if not isinstance(window, StepWindow) or not window.measured:
-                        outcome = "idle" if isinstance(window, StepWindow) else window
-                        if outcome is not None:
-                            self._metrics.step_windows.labels(route.value, outcome).inc()
-                        continue
-                    alone = all(
-                        isinstance(o.steps, StepWindow)
-                        and o.steps.steps == 0
-                        and o.steps.start <= window.start
-                        for o in pair.of(route.other)
-                    )
-                    yield StepSample(pair.index, route, window, alone)
 
     def _export(self, backend: Backend) -> None:
         name = backend.route.value
@@ -485,11 +442,6 @@ class BackendPool:
             (m.backend_kv_usage, state.kv_cache_usage),
         ):
             gauge.labels(name).set(float("nan") if value is None else value)
-        steps = [u.steps for u in backend.upstreams if isinstance(u.steps, StepWindow)]
-        steps = [w for w in steps if w.measured]
-        if steps:
-            gaps = sum(w.gaps for w in steps)
-            m.backend_step_seconds.labels(name).set(sum(w.gap_seconds for w in steps) / gaps)
         windows = [u.acceptance for u in backend.upstreams if u.acceptance is not None]
         if windows:
             drafted = sum(w.draft_tokens for w in windows)
@@ -499,18 +451,12 @@ class BackendPool:
             m.backend_acceptance_length.labels(name).set(length)
 
     async def run_scraper(
-        self,
-        session: aiohttp.ClientSession,
-        interval_s: float,
-        timeout_s: float,
-        on_steps: Callable[[StepSample], None] | None = None,
+        self, session: aiohttp.ClientSession, interval_s: float, timeout_s: float
     ) -> None:
         self.sources.announce()
         while True:
             started = time.monotonic()
-            for sample in await self.scrape_all(session, timeout_s):
-                if on_steps is not None:
-                    on_steps(sample)
+            await self.scrape_all(session, timeout_s)
             await sleep_until_next(interval_s, started)
 
     async def run_prober(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from classifier.costmodel import CostModelPolicy
 from classifier.policy import Decision, Policy
-from gateway.backends import StepSample
 from gateway.record import Lesson, RequestRecord
 from gateway.telemetry import Metrics
 
@@ -27,24 +26,6 @@ def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:
     shared = policy.shared_gpu(lesson.pair)
     gauge = metrics.gpu_shared.labels(str(lesson.pair))
     gauge.set(float("nan") if shared is None else float(shared))
-
-
-def learn_steps(policy: Policy, metrics: Metrics, sample: StepSample) -> None:
-    """A server's own decode steps over a scrape window (gateway/backends.py): the
-    cost model fits them into that route's latency model, so a route it has not
-    sent to is still measured (traffic sent to it directly counts too)."""
-    outcome = "unused"
-    if isinstance(policy, CostModelPolicy):
-        window = sample.window
-        outcome = policy.learn_steps(
-            sample.route,
-            batch=window.batch,
-            step_s=window.step_s,
-            gaps=window.gaps,
-            gpu_to_itself=sample.gpu_to_itself,
-            pair=sample.pair,
-        )
-    metrics.step_windows.labels(sample.route.value, outcome).inc()
 
 
 def learn_shadow(policy: Policy, metrics: Metrics, lesson: Lesson) -> None:

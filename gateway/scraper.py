@@ -25,25 +25,7 @@ ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 # When the counter was created: it changes when vLLM restarts, even where the
 # new counters have already climbed past the old values by the next scrape.
 DRAFT_TOKENS_CREATED = "vllm:spec_decode_num_draft_tokens_created"
-# The server's own decode steps: one inter-token latency per request per step
-# (vllm/v1/metrics/stats.py), one iteration_tokens observation per step.
-GAPS_SECONDS = "vllm:inter_token_latency_seconds_sum"
-GAPS = "vllm:inter_token_latency_seconds_count"
-GAPS_CREATED = "vllm:inter_token_latency_seconds_created"
-STEPS = "vllm:iteration_tokens_total_count"
-_WANTED = (
-    RUNNING,
-    WAITING,
-    KV_USAGE,
-    DRAFTS,
-    DRAFT_TOKENS,
-    ACCEPTED_TOKENS,
-    DRAFT_TOKENS_CREATED,
-    GAPS_SECONDS,
-    GAPS,
-    GAPS_CREATED,
-    STEPS,
-)
+_WANTED = (RUNNING, WAITING, KV_USAGE, DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS, DRAFT_TOKENS_CREATED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +40,6 @@ class Scrape:
     draft_tokens: float | None = None
     accepted_tokens: float | None = None
     counters_created: float | None = None  # sum over engines: any restart changes it
-    gap_seconds: float | None = None  # inter-token latencies, summed
-    gaps: float | None = None  # and counted
-    gaps_created: float | None = None
-    steps: float | None = None  # engine steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +71,6 @@ def parse_metrics(text: str, at: float) -> Scrape:
         draft_tokens=sums.get(DRAFT_TOKENS),
         accepted_tokens=sums.get(ACCEPTED_TOKENS),
         counters_created=sums.get(DRAFT_TOKENS_CREATED),
-        gap_seconds=sums.get(GAPS_SECONDS),
-        gaps=sums.get(GAPS),
-        gaps_created=sums.get(GAPS_CREATED),
-        steps=sums.get(STEPS),
     )
 
 
@@ -131,49 +105,6 @@ def counter_window(before: Scrape, after: Scrape) -> CounterWindow | str:
         return "no_drafts"
     drafts = (after.drafts or 0.0) - (before.drafts or 0.0)
     return CounterWindow(before.at, after.at, max(drafts, 0.0), drafted, accepted)
-
-
-@dataclass(frozen=True, slots=True)
-class StepWindow:
-    """One server's decode steps between two scrapes, from vLLM's own histograms."""
-
-    start: float  # monotonic times of the two scrapes
-    end: float
-    steps: float  # engine steps (any kind)
-    gaps: float  # token gaps: one per request decoding in a step
-    gap_seconds: float
-
-    @property
-    def measured(self) -> bool:
-        """Requests decoded in it: step_s and batch mean something."""
-        return self.steps > 0 and self.gaps > 0 and self.gap_seconds > 0
-
-    @property
-    def step_s(self) -> float:
-        """Mean time a decoding request waited for its next step."""
-        return self.gap_seconds / self.gaps
-
-    @property
-    def batch(self) -> float:
-        """Mean requests decoding per step (prefill-only steps count as steps)."""
-        return self.gaps / self.steps
-
-
-def step_window(before: Scrape, after: Scrape) -> StepWindow | str:
-    """The deltas (steps may be 0: an idle server), or why there are none:
-    "no_histograms" (a server that does not export them), "reset" (a restart)."""
-    steps = _delta(before.steps, after.steps)
-    gaps = _delta(before.gaps, after.gaps)
-    secs = _delta(before.gap_seconds, after.gap_seconds)
-    if steps is None or gaps is None or secs is None:
-        return "no_histograms"
-    if steps < 0 or gaps < 0 or secs < 0 or before.gaps_created != after.gaps_created:
-        return "reset"
-    return StepWindow(before.at, after.at, steps, gaps, secs)
-
-
-def _delta(before: float | None, after: float | None) -> float | None:
-    return None if before is None or after is None else after - before
 
 
 def acceptance_between(before: Scrape, after: Scrape) -> Acceptance | None:

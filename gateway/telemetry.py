@@ -174,23 +174,6 @@ class Metrics:
             ["backend", "outcome"],
             registry=r,
         )
-        self.step_windows = Counter(
-            "specroute_step_windows",
-            "Scrape windows of a server's own decode steps (vLLM's inter-token latency and "
-            "iteration histograms), by outcome: fitted (into that route's latency model), "
-            "gpu_busy (the other server on its GPU stepped meanwhile), own_requests (the "
-            "route's own answers are enough to fit it), idle, reset, no_histograms, invalid, "
-            "unused (a policy without a latency model).",
-            ["backend", "outcome"],
-            registry=r,
-        )
-        self.backend_step_seconds = Gauge(
-            "specroute_backend_step_seconds",
-            "Mean time between a request's tokens on the server over the last scrape window "
-            "with decoding (vLLM's inter-token latency): one decode step.",
-            ["backend"],
-            registry=r,
-        )
         self.acceptance_source = Gauge(
             "specroute_acceptance_source",
             "1 for the acceptance source in use for speculative answers: per_request_metrics, "

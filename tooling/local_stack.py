@@ -51,7 +51,6 @@ class LocalStack:
     dynamic_emulator: EmulatorConfig | None = None  # its knobs, the K schedule included
     # (speculative, baseline) URLs of each pair; pair 0's are `speculative` and `baseline`.
     pairs: tuple[tuple[str, str], ...] = ()
-    gateway_app: web.Application | None = None  # in-process callers may read its state
 
 
 async def serve_app(
@@ -157,8 +156,9 @@ async def local_stack(
             urls.append((spec_url, base_url))
         spec_urls, base_urls = [s for s, _ in urls], [b for _, b in urls]
         config = gateway_config(spec_urls, base_urls, spec_cfg, **gateway_overrides)
-        gateway_app = create_app(config, tokens=tokens)
-        gw_runner, gw_url = await serve_app(gateway_app, gateway_host, gateway_port)
+        gw_runner, gw_url = await serve_app(
+            create_app(config, tokens=tokens), gateway_host, gateway_port
+        )
         runners.append(gw_runner)
         dyn_url, dyn_cfg = None, None
         if with_dynamic:
@@ -169,15 +169,7 @@ async def local_stack(
             runners.append(dyn_runner)
         spec_url, base_url = urls[0]
         yield LocalStack(
-            spec_url,
-            base_url,
-            gw_url,
-            spec_cfg,
-            gpus,
-            dyn_url,
-            dyn_cfg,
-            pairs=tuple(urls),
-            gateway_app=gateway_app,
+            spec_url, base_url, gw_url, spec_cfg, gpus, dyn_url, dyn_cfg, pairs=tuple(urls)
         )
     finally:
         for runner in reversed(runners):

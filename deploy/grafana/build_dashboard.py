@@ -467,19 +467,6 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "on), next to Prometheus's own scrape in the Backends row.",
             ),
             (
-                "Decode step per server (vLLM's inter-token latency)",
-                "timeseries",
-                "s",
-                8,
-                [
-                    q("max by (backend) (specroute_backend_step_seconds)", "{{backend}} step"),
-                ],
-                "Each server's mean time between a request's tokens over the last scrape "
-                "window (its own /metrics, whoever sent the traffic): one decode step. A route "
-                "the router has hardly sent to learns its latency from this "
-                '(specroute_step_windows_total{outcome="fitted"}).',
-            ),
-            (
                 "KV cache and acceptance (router's scrape)",
                 "timeseries",
                 "percentunit",

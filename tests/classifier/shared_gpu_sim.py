@@ -106,7 +106,6 @@ class _Running:
         "generated",
         "index",
         "job",
-        "last_at",
         "other",
         "prefilled",
         "rng",
@@ -120,19 +119,7 @@ class _Running:
         self.ahead = state.of(route).prefill_tokens
         self.prefilled = self.generated = self.drafted = self.accepted = 0
         self.first_at: float | None = None
-        self.last_at = now  # when its latest token came out
         self.rng = random.Random(job.seed)
-
-
-class _StepWindow:
-    """What vLLM's inter-token latency and iteration histograms gather for one
-    engine between two scrapes (gateway/scraper.py's StepWindow)."""
-
-    __slots__ = ("gap_seconds", "gaps", "steps")
-
-    def __init__(self) -> None:
-        self.steps = self.gaps = 0
-        self.gap_seconds = 0.0
 
 
 def simulate(
@@ -142,41 +129,17 @@ def simulate(
     *,
     emulator: EmulatorConfig | None = None,
     gpus: int = 1,
-    scrape_interval_s: float = 2.0,
 ) -> list[Served]:
     """A closed loop of `concurrency` clients; a router with observe() learns as it goes.
 
-    gpus=2 gives each engine its own GPU: they step independently. Every
-    scrape_interval_s (of virtual time) a router with learn_steps() gets each
-    engine's decode steps over the interval, as the gateway's scraper hands them
-    over (gateway/learning.py), and whether the other engine stepped meanwhile.
+    gpus=2 gives each engine its own GPU: they step independently.
     """
     c = emulator or EmulatorConfig(mode="speculative")
     k = c.num_speculative_tokens
     observe: Callable[[Observation], None] | None = getattr(router, "observe", None)
-    learn_steps: Callable[..., str] | None = getattr(router, "learn_steps", None)
     running: dict[Route, list[_Running]] = {SPEC: [], BASE: []}
     served: list[Served] = []
-    windows = {SPEC: _StepWindow(), BASE: _StepWindow()}
-    now, sent, next_scrape = 0.0, 0, scrape_interval_s
-
-    def scrape(now: float) -> None:
-        nonlocal next_scrape
-        if now < next_scrape:
-            return
-        next_scrape = now + scrape_interval_s
-        if learn_steps is not None:
-            for route, w in windows.items():
-                if w.steps and w.gaps:
-                    alone = windows[route.other].steps == 0
-                    learn_steps(
-                        route,
-                        batch=w.gaps / w.steps,
-                        step_s=w.gap_seconds / w.gaps,
-                        gaps=w.gaps,
-                        gpu_to_itself=alone,
-                    )
-        windows[SPEC], windows[BASE] = _StepWindow(), _StepWindow()
+    now, sent = 0.0, 0
 
     def send(at: float) -> None:
         nonlocal sent
@@ -205,16 +168,11 @@ def simulate(
         shape = StepShape(len(decode), sum(chunk for _, chunk in prefill))
         cost_ms = (speculative_step_ms if route is SPEC else baseline_step_ms)(c, shape)
         end = start + cost_ms * c.time_scale / 1000.0
-        window = windows[route]
-        window.steps += 1
         for r, chunk in prefill:
             r.prefilled += chunk
             if r.prefilled >= r.job.features.prompt_tokens:
-                r.generated, r.first_at, r.last_at = 1, end, end
+                r.generated, r.first_at = 1, end
         for r in decode:
-            window.gaps += 1
-            window.gap_seconds += end - r.last_at
-            r.last_at = end
             n = 1
             if route is SPEC:
                 accepted = draw_accepted(r.job.acceptance, k, r.rng)
@@ -244,7 +202,6 @@ def simulate(
             now = step(route, now)
             turn = route.other
             finish(route, now)
-            scrape(now)
         return served
     ends: dict[Route, float] = {}  # the step each busy engine is in ends then
     while True:
@@ -256,7 +213,6 @@ def simulate(
         route = min(ends, key=ends.__getitem__)
         now = ends.pop(route)
         finish(route, now)
-        scrape(now)
 
 
 def _backend(running: Sequence[_Running]) -> BackendState:

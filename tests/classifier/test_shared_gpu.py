@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import pytest
 
-from classifier.costmodel import CostModelConfig, CostModelPolicy
 from classifier.latency import LatencyModel, LatencyPriors, RouteLoad
 from classifier.policy import Route
 
@@ -40,26 +37,3 @@ def test_waking_an_idle_server_costs_the_busy_one_whole_steps() -> None:
     joined = model.slowdown_of_others(BASE, RouteLoad(0, 101, 3, other_batch=8))
     assert joined == pytest.approx(100 * (2 + 8) * priors.step_per_seq_s)
     assert model.slowdown_of_others(BASE, RouteLoad(0, 101, 1, other_batch=0)) == 0.0
-
-
-@pytest.mark.parametrize(
-    ("shared_gpu", "alone", "fitted"),
-    [
-        (True, True, True),
-        (True, False, False),  # the other server's steps are in the figure
-        ("auto", False, False),  # not known yet: as if shared
-        (False, False, True),  # a GPU each: nothing of the other's is in it
-    ],
-)
-def test_a_scraped_step_counts_where_nothing_else_ran_on_its_gpu(
-    shared_gpu: bool | Literal["auto"], alone: bool, fitted: bool
-) -> None:
-    policy = CostModelPolicy(CostModelConfig(shared_gpu=shared_gpu))
-    before = policy.latency_parameters()[Route.BASELINE].step_base_s
-    took = [
-        policy.learn_steps(Route.BASELINE, batch=1.0, step_s=0.002, gaps=400, gpu_to_itself=alone)
-        for _ in range(4)
-    ]
-    after = policy.latency_parameters()[Route.BASELINE].step_base_s
-    assert took == (["fitted"] if fitted else ["gpu_busy"]) * 4
-    assert (after < 0.5 * before) is fitted

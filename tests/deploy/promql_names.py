@@ -50,8 +50,6 @@ GATEWAY_METRICS = {
     "specroute_attributed_draft_tokens": "gauge",
     "specroute_attribution_windows": "counter",
     "specroute_acceptance_source": "gauge",
-    "specroute_step_windows": "counter",
-    "specroute_backend_step_seconds": "gauge",
     "specroute_shadow_requests": "counter",
     "specroute_shadow_inflight": "gauge",
     "specroute_shadow_paired_seconds": "counter",

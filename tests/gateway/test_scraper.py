@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gateway.scraper import StepWindow, acceptance_between, parse_metrics, step_window
+from gateway.scraper import acceptance_between, parse_metrics
 from gateway.state import BACKENDS, SESSION
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_observability import samples
@@ -68,41 +67,6 @@ def test_acceptance_is_the_counter_delta() -> None:
     assert acceptance_between(after, after) is None  # no new drafts
     restarted = parse_metrics(vllm_metrics(0, 0, 0, 1, 4, 1), at=3.0)
     assert acceptance_between(after, restarted) is None
-
-
-def step_metrics(steps: int, gaps: int, seconds: float, created: float = 1.7e9) -> str:
-    """vLLM's step histograms as it exposes them (vllm/v1/metrics/loggers.py)."""
-    labels = 'engine="0",model_name="smollm2-135m"'
-    return f"""# TYPE vllm:iteration_tokens_total histogram
-vllm:iteration_tokens_total_bucket{{{labels},le="1.0"}} {steps}.0
-vllm:iteration_tokens_total_count{{{labels}}} {steps}.0
-vllm:iteration_tokens_total_sum{{{labels}}} {3 * steps}.0
-# TYPE vllm:inter_token_latency_seconds histogram
-vllm:inter_token_latency_seconds_bucket{{{labels},le="0.01"}} {gaps}.0
-vllm:inter_token_latency_seconds_count{{{labels}}} {gaps}.0
-vllm:inter_token_latency_seconds_sum{{{labels}}} {seconds}
-vllm:inter_token_latency_seconds_created{{{labels}}} {created}
-"""
-
-
-def test_a_step_window_is_the_histograms_delta() -> None:
-    before = parse_metrics(step_metrics(100, 150, 0.6), at=0.0)
-    after = parse_metrics(step_metrics(140, 230, 1.0), at=2.0)
-    window = step_window(before, after)
-    assert isinstance(window, StepWindow) and window.measured
-    assert window.step_s == pytest.approx(0.4 / 80)  # seconds per token gap: one step
-    assert window.batch == pytest.approx(80 / 40)  # gaps per step: requests decoding
-    idle = step_window(after, parse_metrics(step_metrics(140, 230, 1.0), at=4.0))
-    assert isinstance(idle, StepWindow) and idle.steps == 0 and not idle.measured
-
-
-def test_a_step_window_says_why_there_is_none() -> None:
-    after = parse_metrics(step_metrics(140, 230, 1.0), at=2.0)
-    assert step_window(parse_metrics(step_metrics(150, 200, 0.5), at=0.0), after) == "reset"
-    restarted = parse_metrics(step_metrics(200, 300, 2.0, created=1.8e9), at=4.0)
-    assert step_window(after, restarted) == "reset"  # climbed past the old values
-    no_histograms = parse_metrics(vllm_metrics(1, 0, 0.1, 0, 0, 0), at=0.0)
-    assert step_window(no_histograms, after) == "no_histograms"
 
 
 async def test_gateway_exports_scraped_state_and_feeds_the_router(
