@@ -72,6 +72,7 @@ from classifier.policy import (
     LiveState,
     Route,
 )
+from classifier.router import PredictionErrors
 from classifier.speculation import expected_tokens_per_step
 from classifier.topology import TopologyDetector
 
@@ -112,36 +113,6 @@ _EXPLORE_FULL = 20.0
 _EXPLORE_MAX_SHARE = 0.5
 _BUSY_DECISIONS = 8.0  # the window of _Pair.busy
 _ERROR_DECAY = 0.98  # prediction error EWMA: about the last 50 requests
-
-
-@dataclass(slots=True)
-class PredictionErrors:
-    """Sums of |predicted - measured| / measured over one route's answers since start.
-
-    as_sent: the prediction the decision was made with. given_length: the same
-    model asked again once the answer is in, with its true length, acceptance
-    and batch, before it learns from it: the fit's own error, without the
-    error in guessing the answer's length from a request that does not say it.
-    """
-
-    count: int = 0
-    as_sent: float = 0.0
-    given_length: float = 0.0
-
-    def since(self, earlier: PredictionErrors | None) -> PredictionErrors:
-        """The answers between an earlier read and this one (None: all of them)."""
-        earlier = earlier or PredictionErrors()
-        return PredictionErrors(
-            self.count - earlier.count,
-            self.as_sent - earlier.as_sent,
-            self.given_length - earlier.given_length,
-        )
-
-    def mape(self) -> tuple[float, float]:
-        """(as sent, given the true length); nan without answers."""
-        if self.count <= 0:
-            return math.nan, math.nan
-        return self.as_sent / self.count, self.given_length / self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,7 +323,13 @@ class CostModelPolicy:
         topology = self._pair(pair).topology
         return topology.shared, topology.evidence(), topology.probes
 
-    def decide(self, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
+    def decide(
+        self,
+        features: RequestFeatures,
+        state: LiveState,
+        pair: int = 0,
+        rng: random.Random | None = None,
+    ) -> Decision:
         """The route within `pair` (a GPU's two servers), whose endpoints `state` describes."""
         self._decisions += 1
         covered = self.shadow_covered(features.workload)

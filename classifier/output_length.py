@@ -13,6 +13,9 @@ is most of what makes the predicted latencies match the measured ones.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from classifier.features import RequestFeatures, Workload
 
 __all__ = ["OutputLengthModel"]
@@ -53,3 +56,17 @@ class OutputLengthModel:
         stats = self._stats.setdefault((features.workload, bounded), [0.0, 0.0])
         stats[0] = stats[0] * self._decay + 1.0
         stats[1] = stats[1] * self._decay + ratio
+
+    def to_json(self) -> dict[str, list[float]]:
+        """The learned ratios, for a state file (`routing.state_path`)."""
+        return {f"{w.value}/{int(b)}": list(s) for (w, b), s in self._stats.items()}
+
+    @staticmethod
+    def from_json(raw: Mapping[str, Any]) -> OutputLengthModel:
+        model = OutputLengthModel()
+        for key, values in raw.items():
+            name, _, bounded = str(key).partition("/")
+            if not (isinstance(values, list) and len(values) == 2):
+                raise ValueError(f"output lengths: bad entry {key!r}")
+            model._stats[(Workload(name), bounded == "1")] = [float(values[0]), float(values[1])]
+        return model

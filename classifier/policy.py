@@ -13,6 +13,7 @@ pair, and each FinishedRequest names the pair its decision was made for.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -59,6 +60,8 @@ class BackendState:
     # scrape: the server's running + waiting then, less the gateway's in-flight
     # count then. None: not known that way (a bare snapshot).
     others: int | None = None
+    # The gateway's requests in flight there, per workload (the carrier rule's mix).
+    mix: tuple[tuple[Workload, int], ...] = ()
 
     @property
     def load(self) -> int:
@@ -88,6 +91,9 @@ class Decision:
     route: Route
     reason: str
     predicted_s: Mapping[Route, float] | None = None  # filled by the cost model
+    # Why, for the request's log line and /decide: the predictions' parts, the
+    # acceptance used and the rule that decided (the profiled policy fills it).
+    why: Mapping[str, object] | None = None
 
 
 class FinishedRequest(Protocol):
@@ -116,8 +122,15 @@ class FinishedRequest(Protocol):
 
 
 class Policy(Protocol):
-    def decide(self, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
-        """The route within `pair`, whose endpoints `state` describes."""
+    def decide(
+        self,
+        features: RequestFeatures,
+        state: LiveState,
+        pair: int = 0,
+        rng: random.Random | None = None,
+    ) -> Decision:
+        """The route within `pair`, whose endpoints `state` describes; `rng`, the
+        caller's, for a policy that explores by drawing (None: no draw)."""
         ...
 
     def learn(self, outcome: FinishedRequest) -> None: ...
@@ -209,7 +222,13 @@ class RulesPolicy:
     def config(self) -> RulesConfig:
         return self._config
 
-    def decide(self, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
+    def decide(
+        self,
+        features: RequestFeatures,
+        state: LiveState,
+        pair: int = 0,
+        rng: random.Random | None = None,
+    ) -> Decision:
         route, reason = self._rules(features, state.speculative)
         if not state.of(route).healthy and state.of(route.other).healthy:
             return Decision(route.other, "unhealthy-fallback")
@@ -248,7 +267,13 @@ class StaticPolicy:
     def __init__(self, route: Route) -> None:
         self._route = route
 
-    def decide(self, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
+    def decide(
+        self,
+        features: RequestFeatures,
+        state: LiveState,
+        pair: int = 0,
+        rng: random.Random | None = None,
+    ) -> Decision:
         return Decision(self._route, "static")
 
     def learn(self, outcome: FinishedRequest) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from gateway import decision, figures, handlers, ui
+from gateway import decision, figures, handlers, profiling, ui
 from gateway.auth import Keys, auth_middleware
 from gateway.backends import BackendPool
 from gateway.config import Config
@@ -37,6 +38,7 @@ from gateway.state import (
     OUTCOME_LOG,
     RECORDER,
     RELAYS,
+    RNG,
     RUNTIME,
     SESSION,
     SHADOWS,
@@ -72,6 +74,8 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app.cleanup_ctx.append(_outcome_log)
     app.cleanup_ctx.append(_recorder)
     app.cleanup_ctx.append(_shadows)  # after the session and the outcome log: closed first
+    app.cleanup_ctx.append(profiling.profile_ctx)  # after the session: stopped before it
+    app[RNG] = random.Random(config.routing.profiled.seed)
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", handlers.models)

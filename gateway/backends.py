@@ -25,7 +25,7 @@ import aiohttp
 import structlog
 
 from classifier.attribution import DecodeLog
-from classifier.features import RequestFeatures
+from classifier.features import RequestFeatures, Workload
 from classifier.policy import BackendState, LiveState, Route
 from gateway.acceptance_sources import AcceptanceSources
 from gateway.config import BackendConfig, BackendsConfig, Pairing
@@ -50,6 +50,7 @@ class Upstream:
     pair: int = 0  # the GPU pair it belongs to (backends.pairs)
     inflight: int = 0
     prefill_tokens: int = 0  # prompts of streams sent here with no first token yet
+    mix: dict[Workload, int] = field(default_factory=dict)  # in flight, by workload
     healthy: bool = True  # may take new requests: probe OK and not ejected
     # Its process answers: the last /health probe said 200 and no connection
     # was refused since. An ejected endpoint can be reachable: it is the
@@ -165,12 +166,22 @@ def endpoints_state(upstreams: Sequence[Upstream], max_age_s: float) -> BackendS
     return BackendState(
         inflight=sum(u.inflight for u in upstreams),
         prefill_tokens=sum(u.prefill_tokens for u in upstreams),
+        mix=_mix(upstreams),
         healthy=any(u.healthy for u in upstreams),
         running=int(sum(running)) if running else None,
         waiting=int(sum(waiting)) if waiting else None,
         kv_cache_usage=max(kv) if kv else None,
         others=sum(known) if known else None,
     )
+
+
+def _mix(upstreams: Sequence[Upstream]) -> tuple[tuple[Workload, int], ...]:
+    counts: dict[Workload, int] = {}
+    for u in upstreams:
+        for w, n in u.mix.items():
+            if n > 0:
+                counts[w] = counts.get(w, 0) + n
+    return tuple(sorted(counts.items()))
 
 
 def _pairs(backends: Iterable[Backend]) -> tuple[Pair, ...]:
@@ -298,6 +309,7 @@ class BackendPool:
         if features is not None:
             since = None if features.stream else time.monotonic()
             handle = decode.begin(features.workload.value, features.n, since)
+            upstream.mix[features.workload] = upstream.mix.get(features.workload, 0) + 1
 
         def release() -> None:
             nonlocal pending
@@ -315,6 +327,8 @@ class BackendPool:
             release()
             if handle is not None:
                 decode.end(handle, time.monotonic())
+            if features is not None:
+                upstream.mix[features.workload] -= 1
             upstream.inflight -= 1
             gauge.dec()
             if self.inflight == 0:

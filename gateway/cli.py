@@ -1,4 +1,4 @@
-"""`specroute serve | emulate | demo | bench | advise | train`: the command line.
+"""`specroute serve | profile | emulate | demo | bench | advise | train`: the command line.
 
 Only `serve` is production code; every other command lives in tooling/ and is
 imported only when it runs, so the gateway starts without the bench, the
@@ -71,6 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specroute", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     _add_serve_arguments(commands.add_parser("serve", help="run the gateway"))
+    profile_cmd = commands.add_parser(
+        "profile",
+        help="measure both servers' costs now (or --show the stored profile)",
+        description="Profile the speculative and the baseline server (they must be idle): "
+        "time to first token, the step per batch, acceptance per workload kind, the overlap "
+        "on a shared GPU. Writes routing.profile_path (or --out); `serve` reloads it.",
+    )
+    _add_config_arguments(profile_cmd)
+    profile_cmd.add_argument("--out", type=Path, default=None, help="where to write the JSON")
+    profile_cmd.add_argument("--show", action="store_true", help="print the stored profile")
     commands.add_parser(
         "emulate",
         help="run one EMULATED vLLM server (see `specroute emulate --help`)",
@@ -86,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "profile":
+            from gateway.profile_cli import run_profile
+
+            config = resolve_config(args.config, None, None, args.backend)
+            return run_profile(config, args.out, show=args.show)
         if tool is not None:
             return tool.run(args, argv[1:])
     except ConfigError as exc:
@@ -95,19 +110,23 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
-    serve.add_argument(
+def _add_config_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--config", type=Path, default=None, help="config.toml (default: ./config.toml if present)"
     )
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
-    serve.add_argument(
+    p.add_argument(
         "--backend",
         action="append",
         default=[],
         metavar="ROUTE=URL",
         help="speculative=URL or baseline=URL; overrides the config file",
     )
+
+
+def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    _add_config_arguments(serve)
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
     serve.add_argument(
         "--emulate",
         action="store_true",

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from classifier.costmodel import CostModelConfig
 from classifier.features import FeatureOptions
 from classifier.policy import GuardsConfig, Route, RulesConfig
+from classifier.router import RouterConfig
 
 
 class ConfigError(ValueError):
@@ -107,7 +108,7 @@ class BackendsConfig:
 
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
-    policy: str = "cost-model"
+    policy: str = "profiled"
     # Optional acceptance model from `specroute train` (JSON); "" = online only.
     model_path: str = ""
     guards: GuardsConfig = field(default_factory=GuardsConfig)  # every policy's
@@ -119,6 +120,12 @@ class RoutingConfig:
     creative_min_temperature: float = 1.0
     rules: RulesConfig = field(default_factory=RulesConfig)
     cost_model: CostModelConfig = field(default_factory=CostModelConfig)
+    # policy "profiled": the engine profile and what was learned on top of it.
+    profile: str = "at-start"  # at-start: measure both servers once they answer idle; off
+    profile_path: str = ""  # the profile's JSON file: reloaded when it names these servers
+    profile_budget_s: float = 300.0  # a profiling run's bound in wall time
+    state_path: str = ""  # what the profiled policy learned, kept across restarts
+    profiled: RouterConfig = field(default_factory=RouterConfig)
 
     @property
     def features(self) -> FeatureOptions:
@@ -197,7 +204,8 @@ class Config:
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
 
 
-_POLICIES = ("cost-model", "rules", "static-speculative", "static-baseline")
+_POLICIES = ("profiled", "cost-model", "rules", "static-speculative", "static-baseline")
+_PROFILE_MODES = ("at-start", "off")
 # Keys set elsewhere in the file: fields of a nested dataclass filled from
 # another key, and keys that moved (an old config names the new place).
 _SET_ELSEWHERE = {
@@ -275,6 +283,10 @@ def _check(cfg: Config) -> None:
         raise ConfigError("config: routing.creative_min_temperature must be >= 0")
     if cfg.routing.policy not in _POLICIES:
         raise ConfigError(f"config: routing.policy must be one of {', '.join(_POLICIES)}")
+    if cfg.routing.profile not in _PROFILE_MODES:
+        raise ConfigError(f"config: routing.profile must be one of {', '.join(_PROFILE_MODES)}")
+    if not cfg.routing.profile_budget_s > 0:
+        raise ConfigError("config: routing.profile_budget_s must be > 0")
     if not 0.0 <= cfg.upstream.retry_budget_ratio <= 1.0 or cfg.upstream.retry_budget_min < 0:
         raise ConfigError("config: upstream.retry_budget_ratio must be in [0, 1], _min >= 0")
     if cfg.outcome_log.backups < 0:

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from classifier.features import Endpoint, RequestFeatures
 from classifier.policy import Decision, LiveState, Policy, Route
+from classifier.router import ProfiledPolicy
 from classifier.speculation import acceptance_rate
 from gateway.handlers import read_and_analyse
 from gateway.state import BACKENDS, RUNTIME
@@ -58,6 +59,7 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
             "reason": decision.reason,
             "predicted_s": _predicted(decision),
             "predicted_speedup": _speedup(decision),
+            "why": dict(decision.why) if decision.why else None,
             "acceptance": _believed(features, snapshot.policy, k),
             "features": dataclasses.asdict(features),
             "backends": {route.value: dataclasses.asdict(state.of(route)) for route in Route},
@@ -66,7 +68,11 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
 
 
 def preview(policy: Policy, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
-    """policy.decide(features, state, pair) without touching `policy`: decided on a copy."""
+    """policy.decide(features, state, pair) without touching `policy`. The profiled
+    policy's decide() is pure: called as it is, without a draw (its mean's answer).
+    The older cost model's is not, so it decides on a copy."""
+    if isinstance(policy, ProfiledPolicy):
+        return policy.decide(features, state, pair)
     return copy.deepcopy(policy).decide(features, state, pair)
 
 

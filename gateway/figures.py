@@ -26,6 +26,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from classifier.features import Workload
 from classifier.policy import Route
+from classifier.router import ProfiledPolicy
 from classifier.speculation import acceptance_rate
 from gateway.shadow_results import PairTotals
 from gateway.state import BACKENDS, CONFIG, METRICS, RUNTIME, SHADOWS
@@ -68,8 +69,22 @@ async def stats(request: web.Request) -> web.Response:
                 for w in Workload
             },
             "speedup": _overall(pairs, enabled=app[CONFIG].shadow.enabled),
+            "profile": _profile(snapshot.policy),
         }
     )
+
+
+def _profile(policy: object) -> dict[str, Any] | None:
+    """The profiled policy's engine profile and its drift (None for other policies)."""
+    if not isinstance(policy, ProfiledPolicy):
+        return None
+    profile = policy.profile
+    return {
+        "in_use": profile is not None,
+        "drift": {r.value: round(v, 4) for r, v in policy.drift().items()},
+        "contradicted": policy.profile_contradicted(),
+        **({"profile": profile.to_json()} if profile is not None else {}),
+    }
 
 
 def _overall(pairs: PairTotals, *, enabled: bool) -> dict[str, Any]:

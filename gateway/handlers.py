@@ -29,6 +29,7 @@ from gateway.state import (
     METRICS,
     OUTCOME_LOG,
     RECORDER,
+    RNG,
     RUNTIME,
     SESSION,
     SHADOWS,
@@ -66,7 +67,9 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
         pair, state = app[BACKENDS].for_decision()  # the GPU pair first, then the route within it
         state = app[SHADOWS].correct(pair, state)  # a scraped shadow is no other client
-        decision = _override(request, config) or snapshot.policy.decide(features, state, pair)
+        decision = _override(request, config) or snapshot.policy.decide(
+            features, state, pair, app[RNG]
+        )
         life.decided(body, features, decision, state, pair)
         raw, strip_usage = _ask_for_usage(body, raw)
         routed = Routed(

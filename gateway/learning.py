@@ -10,13 +10,23 @@ from __future__ import annotations
 
 from classifier.costmodel import CostModelPolicy
 from classifier.policy import Decision, Policy
+from classifier.router import ProfiledPolicy
 from gateway.record import Lesson, RequestRecord
 from gateway.telemetry import Metrics
 
 
 def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:
     lesson = record.lesson
+    if (
+        isinstance(policy, ProfiledPolicy)
+        and record.failover_from is not None
+        and record.features is not None
+    ):
+        policy.learn_failure(record.failover_from, record.features)  # failed before a byte
     if lesson is None:
+        if isinstance(policy, ProfiledPolicy) and _route_failed(record):
+            assert record.route is not None and record.features is not None
+            policy.learn_failure(record.route, record.features)
         return
     if lesson.predicted_s:
         ratio = lesson.duration_s / lesson.predicted_s
@@ -32,11 +42,19 @@ def learn_shadow(policy: Policy, metrics: Metrics, lesson: Lesson) -> None:
     """A shadow copy's answer (gateway/shadow.py): the cost model learns it as a
     paired observation (its acceptance, its route's latency fit) that covers its
     workload and is not a user exploration; other policies learn it as any answer."""
-    if isinstance(policy, CostModelPolicy):
+    if isinstance(policy, CostModelPolicy | ProfiledPolicy):
         policy.learn_shadow(lesson)
     else:
         policy.learn(lesson)
     _show_beliefs(policy, metrics)
+
+
+def _route_failed(record: RequestRecord) -> bool:
+    """The answering route failed it: a 5xx or a stream that broke, not the client's
+    doing (a disconnect, a 4xx for its own bad input)."""
+    if record.route is None or record.features is None:
+        return False
+    return record.status in ("5xx", "stream_error")
 
 
 def _show_beliefs(policy: Policy, metrics: Metrics) -> None:

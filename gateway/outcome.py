@@ -57,6 +57,7 @@ def log_request(record: RequestRecord) -> None:
         ttft_s=rounded(record.ttft_s),
         tpot_s=rounded(record.tpot_s),
         duration_s=rounded(record.duration_s),
+        why=dict(record.decision.why) if record.decision and record.decision.why else None,
     )
 
 

@@ -9,6 +9,7 @@ reload that changes one is refused whole, with a log line naming it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from classifier.acceptance_model import AcceptanceModel, ModelFileError, load_acceptance_model
 from classifier.costmodel import CostModelPolicy
 from classifier.policy import Policy, Route, RulesPolicy, StaticPolicy
+from classifier.router import ProfiledPolicy
 from gateway.auth import Keys, load_keys
 from gateway.config import Config, ConfigError
 
@@ -42,6 +44,7 @@ RELOADABLE = (
     "routing.guards",
     "routing.rules",
     "routing.cost_model",
+    "routing.profiled",
     # read by the page's handler on every request
     "ui",
     # the gateway's keys: re-read (a reload is how they are rotated)
@@ -71,13 +74,33 @@ class Runtime:
             raise ConfigError(f"config: reload refused: {', '.join(blocked)} need a restart")
         keys = load_keys(new.auth)
         policy = self.current.policy if new.routing == old.routing else build_policy(new)
+        carry_over(self.current.policy, policy)
         self.current = Snapshot(new, policy, keys)
         return changed_keys(old, new)
+
+
+def carry_over(old: Policy, new: Policy) -> None:
+    """A rebuilt profiled policy keeps the profile and what was learned: its inputs
+    (the servers, the features) did not change, only how it weighs them."""
+    if old is new or not (isinstance(old, ProfiledPolicy) and isinstance(new, ProfiledPolicy)):
+        return
+    if old.profile is not None:
+        new.use_profile(old.profile)
+    with contextlib.suppress(ValueError):  # another k: what was learned does not apply
+        new.load_state(old.state_to_json())
 
 
 def build_policy(config: Config) -> Policy:
     routing = config.routing
     name = routing.policy
+    if name == "profiled":
+        spec = config.backends.speculative
+        return ProfiledPolicy(
+            routing.profiled,
+            k=spec.num_speculative_tokens,
+            draft_cost_ratio=spec.draft_cost_ratio,
+            guards=routing.guards,
+        )
     if name == "cost-model":
         spec = config.backends.speculative
         cost = replace(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import aiohttp
 from aiohttp import web
@@ -26,6 +27,9 @@ BIG_BODIES = web.AppKey("big_bodies", asyncio.Semaphore)  # parsed one at a time
 RELAYS = web.AppKey("relays", Relays)  # answers in flight, for the drain to end
 RUNTIME = web.AppKey("runtime", Runtime)  # the reloadable part: config, policy, keys
 TOKENS = web.AppKey("tokens", TokenCounter)
+# The routing draws' one source (a policy that explores samples from it; seeded by
+# routing.profiled.seed, so a replay of the same requests draws the same).
+RNG = web.AppKey("rng", random.Random)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 OUTCOME_LOG = web.AppKey("outcome_log", OutcomeLog)  # only set when configured
 RECORDER = web.AppKey("recorder", Recorder)  # only set when [record] path is configured

@@ -13,6 +13,8 @@ import sys
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from classifier.profile import EngineProfile
+
 # Generation latencies run from tens of milliseconds to minutes.
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30)
@@ -117,6 +119,26 @@ class Metrics:
             ["pair"],
             registry=r,
         )
+        self.profile_step = Gauge(
+            "specroute_profile_step_seconds",
+            "The engine profile's decode step (speculative: draft + verify) by route and "
+            "batch size, as measured by `specroute profile` or at start",
+            ["route", "batch"],
+            registry=r,
+        )
+        self.profile_ttft = Gauge(
+            "specroute_profile_ttft_seconds",
+            "The engine profile's time to first token by route and prompt tokens",
+            ["route", "prompt_tokens"],
+            registry=r,
+        )
+        self.profile_overlap = Gauge(
+            "specroute_profile_overlap",
+            "Share of the other server's step one server's step waits for while both run "
+            "(0: a GPU each, about 1: one GPU); NaN until a profile is in",
+            registry=r,
+        )
+        self.profile_overlap.set(float("nan"))
         self.estimated_acceptance = Gauge(
             "specroute_estimated_acceptance",
             "The cost model's per-position draft acceptance estimate a, by workload.",
@@ -219,6 +241,15 @@ class Metrics:
             ["workload"],
             registry=r,
         )
+
+    def show_profile(self, profile: EngineProfile) -> None:
+        """Export a profile that came into use (the step and first-token curves)."""
+        self.profile_overlap.set(profile.overlap)
+        for route in profile.routes:
+            for x, y in zip(route.step.xs, route.step.ys, strict=True):
+                self.profile_step.labels(route.name, f"{x:g}").set(y)
+            for x, y in zip(route.ttft.xs, route.ttft.ys, strict=True):
+                self.profile_ttft.labels(route.name, f"{x:g}").set(y)
 
 
 def configure_logging(level: str = "info", *, json: bool = True) -> None:

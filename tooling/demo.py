@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from tooling.bench import BenchOptions, run_bench
+from tooling.bench.targets import wait_for_profile
 from tooling.local_stack import local_stack
 from tooling.workloads import MIXES
 
@@ -73,6 +74,7 @@ async def run_demo(
     )
     started = time.perf_counter()
     async with local_stack(time_scale=time_scale) as stack:
+        await wait_for_profile(aiohttp.ClientSession, stack.gateway, out)
         if warmup > 0:
             await _warm_up(stack.gateway, warmup, concurrency, out)
         opts = BenchOptions(

@@ -11,7 +11,7 @@ from gateway.config import parse_config
 from gateway.runtime import build_policy
 
 BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2"]}}
-POLICIES = ("rules", "cost-model")
+POLICIES = ("rules", "cost-model", "profiled")
 STRUCTURED = RequestFeatures(
     endpoint=Endpoint.CHAT,
     structured=True,
@@ -54,7 +54,11 @@ def test_the_busy_gpus_carrier_respects_the_guard(limit: int, carrier: Route) ->
     """The cost model also sizes its one-GPU carrier by spec_max_inflight: after a
     stretch of 8 in flight, the speculative server is a carrier only if the guard
     would let it hold 8."""
-    routing = {"guards": {"spec_max_inflight": limit}, "cost_model": {"explore_share": 0.0}}
+    routing = {
+        "policy": "cost-model",
+        "guards": {"spec_max_inflight": limit},
+        "cost_model": {"explore_share": 0.0},
+    }
     policy = build_policy(parse_config({"backends": BACKENDS, "routing": routing}))
     for _ in range(50):
         policy.decide(STRUCTURED, LiveState(BackendState(), BackendState(inflight=7)))

@@ -197,7 +197,11 @@ async def test_two_emulated_pairs_at_concurrency_8_consolidate_per_pair(
     outcomes = tmp_path / "outcomes.jsonl"
     async with (
         local_stack(
-            time_scale=TIME_SCALE, tokens=tokens, pairs=2, outcome_log={"path": str(outcomes)}
+            time_scale=TIME_SCALE,
+            tokens=tokens,
+            pairs=2,
+            outcome_log={"path": str(outcomes)},
+            routing={"policy": "cost-model"},  # its per-pair consolidation is what is tested
         ) as stack,
         aiohttp.ClientSession() as session,
     ):

@@ -55,6 +55,8 @@ def other_value(key: str, value: object, tmp_path: Path) -> object:
         "routing.tokenizer": "o200k_base",
         "logging.level": "error",
         "routing.cost_model.shared_gpu": True,
+        "routing.profiled.contradiction_ratio": 2.0,
+        "routing.profile": "off",
         "record.redaction": "off",
         "routing.model_path": str(model_file(tmp_path)),
         "auth.api_keys_env": "RELOAD_TEST_KEYS",

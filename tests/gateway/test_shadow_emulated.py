@@ -38,7 +38,7 @@ from tooling.workloads import MIXES, build
 Client = TestClient[web.Request, web.Application]
 TIME_SCALE = 0.1
 SHADOW_ALL = {"share": 1.0}
-SHARED = {"cost_model": {"shared_gpu": True}}
+SHARED = {"policy": "cost-model", "cost_model": {"shared_gpu": True}}
 
 
 def _emulators() -> tuple[EmulatorConfig, EmulatorConfig]:

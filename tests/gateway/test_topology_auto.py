@@ -26,6 +26,9 @@ from tooling.workloads import MIXES, build
 
 pytestmark = pytest.mark.slow
 TIME_SCALE = 0.25
+# The cost model's topology detector is what is tested here (policy "profiled" measures
+# the overlap in its profile instead: tests/gateway/test_profiler.py).
+COST_MODEL = {"policy": "cost-model"}
 REQUESTS = build(MIXES["mixed"], 50, model=MODEL, seed=5)
 
 
@@ -47,7 +50,9 @@ async def verdict_under_load(gateway: str) -> tuple[float, int]:
 
 
 async def test_one_shared_emulated_gpu_is_found(tokens: TokenCounter) -> None:
-    async with local_stack(time_scale=TIME_SCALE, tokens=tokens, gpus=1) as stack:
+    async with local_stack(
+        time_scale=TIME_SCALE, tokens=tokens, gpus=1, routing=COST_MODEL
+    ) as stack:
         shared, probes = await verdict_under_load(stack.gateway)
     assert shared == 1.0, f"probes sent: {probes}"
     assert probes <= 12
@@ -94,7 +99,10 @@ async def test_two_emulate_processes_are_found_apart(
 ) -> None:
     spec, base = two_processes
     config = parse_config(
-        {"backends": {"speculative": {"urls": [spec]}, "baseline": {"urls": [base]}}}
+        {
+            "backends": {"speculative": {"urls": [spec]}, "baseline": {"urls": [base]}},
+            "routing": COST_MODEL,
+        }
     )
     runner, gateway = await serve_app(create_app(config, tokens=tokens))
     try:

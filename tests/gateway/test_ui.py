@@ -240,7 +240,7 @@ async def test_stats_has_the_route_mix_acceptance_and_no_speedup_yet(
             assert resp.status == 200
             stats = await resp.json()
     conforms(stats, "Stats")
-    assert stats["object"] == "specroute.stats" and stats["policy"] == "cost-model"
+    assert stats["object"] == "specroute.stats" and stats["policy"] == "profiled"
     assert stats["requests"] == {"baseline": 3 - 2, "speculative": 2}
     assert stats["reasons"] == {"override": 3}
     structured = stats["workloads"]["structured"]

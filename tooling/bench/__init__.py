@@ -35,7 +35,7 @@ from tooling.bench.progress import Progress
 from tooling.bench.report import SCHEMA, header, table
 from tooling.bench.runner import CellRun, result_json, run_cells
 from tooling.bench.stats import SPEC, rows, whole_run
-from tooling.bench.targets import TargetInfo, probe
+from tooling.bench.targets import TargetInfo, probe, wait_for_profile
 
 _MAX_CONNECTIONS = 1024
 
@@ -97,6 +97,9 @@ async def run_bench(
         infos = await asyncio.gather(*(probe(session, n, u) for n, u in opts.targets.items()))
         targets = {i.name: i for i in infos}
         print(_preamble(targets), file=sys.stderr, flush=True)
+        for info in infos:  # a gateway's start-up profile must not overlap a timed request
+            if info.kind == "specroute gateway":
+                await wait_for_profile(aiohttp.ClientSession, info.url, sys.stderr)
         model = opts.model or next((i.model for i in infos if i.model), None)
         plan = cells(
             workload=opts.workload,

@@ -17,11 +17,13 @@ for `specroute advise`: what the speculative server's memory costs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import aiohttp
 
@@ -155,3 +157,38 @@ async def _get_text(session: aiohttp.ClientSession, url: str) -> str | None:
             return await resp.text() if resp.status == 200 else None
     except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
         return None
+
+
+async def wait_for_profile(
+    session_factory: Callable[[], aiohttp.ClientSession],
+    gateway: str,
+    out: TextIO,
+    timeout_s: float = 180.0,
+) -> None:
+    """Wait until a specroute gateway's engine profile is in (its probes are then over,
+    so none overlaps a timed request), and say what it measured. A gateway whose
+    policy keeps no profile answers at once."""
+    deadline = time.monotonic() + timeout_s
+    found: dict[str, Any] = {}
+    async with session_factory() as session:
+        while True:
+            async with session.get(f"{gateway}/stats") as resp:
+                stats: dict[str, Any] = await resp.json() if resp.status == 200 else {}
+            found = stats.get("profile") or {}
+            if not found or found.get("in_use") or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    if not found:
+        return
+    profile = found.get("profile")
+    if profile is None:
+        print("profile: not in (the gateway routes on its built-in prior)", file=out, flush=True)
+        return
+    spec = next(r for r in profile["routes"] if r["name"] == "speculative")
+    tps = ", ".join(f"{w} {v[0]:.2f}" for w, v in spec["tokens_per_step"].items())
+    print(
+        f"profile ({profile['source']}): {profile['took_s']:.1f} s, overlap "
+        f"{profile['overlap']:.2f} (1: one GPU), tokens per speculative step: {tps}",
+        file=out,
+        flush=True,
+    )

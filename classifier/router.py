@@ -1,0 +1,652 @@
+"""ProfiledPolicy: the engine's costs from a profile, acceptance from the traffic, one rule.
+
+What belongs to the machine is measured once (classifier/profile.py: time to
+first token per prompt length, the step per batch size, how much a neighbour's
+step slows one's own); what belongs to the traffic is learned online: the
+acceptance per workload, as a posterior with its uncertainty, the answers'
+lengths, each route's failures, and a slow drift of each route's decode time
+against its profile. One route's costs are never guessed from another's.
+
+    e2e_r = queue_r + ttft_r(prompt + prefill ahead)
+          + (n_out - 1) / tau_r * (step_r(b_r + n) * drift_r + overlap * step_o(b_o))
+    tau   = 1 + k * rho       (rho: accepted / drafted tokens; 1 without speculation)
+
+The rule, after the guards (kv-pressure, spec-busy: explicit and first):
+
+- an idle GPU, or a GPU each: the route with the smaller cost, where the cost is
+  this request's e2e, plus what it adds to the requests in flight, plus its
+  expected failure (a failed answer is answered again elsewhere). Exploration is
+  Thompson sampling: with the caller's rng, rho is drawn from its posterior
+  instead of taking its mean, so a workload whose acceptance is certain explores
+  nobody and a new one as much as its uncertainty warrants ("explore" when the
+  draw changed the route), never onto a route whose mean cost is more than
+  explore_max_regret above the best;
+- one busy shared GPU: its whole batch belongs on one server ("consolidate").
+  The carrier is the server holding the batch, unless the other carries the
+  mix in flight (every request's workload, this one's included) cheaper per
+  token by more than switch_margin, the price of the drain a move causes.
+
+decide() reads and never writes: the same inputs and rng state give the same
+decision, /decide calls it without copying anything, and without an rng it is
+the posterior mean's decision. learn() is the only writer. Every decision
+carries `why`: both predictions, the acceptance used, the rule that decided,
+for the request's log line, its headers and /decide.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from classifier.features import RequestFeatures, Workload
+from classifier.output_length import OutputLengthModel
+from classifier.policy import (
+    DEFAULT_GUARDS,
+    BackendState,
+    Decision,
+    FinishedRequest,
+    GuardsConfig,
+    LiveState,
+    Route,
+)
+from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
+from classifier.speculation import alpha_from_rate
+
+__all__ = [
+    "PROFILED_REASONS",
+    "AcceptanceBelief",
+    "PredictionErrors",
+    "ProfiledPolicy",
+    "RouterConfig",
+    "prior_profile",
+]
+
+SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
+PROFILED_REASONS = (
+    "kv-pressure",
+    "spec-busy",
+    "spec-predicted-faster",
+    "baseline-predicted-faster",
+    "consolidate",
+    "explore",
+    "unprofiled",
+    "unhealthy-fallback",
+)
+_FASTER = {SPEC: "spec-predicted-faster", BASE: "baseline-predicted-faster"}
+# A speculative answer shorter than this many tokens per sequence measures its
+# acceptance coarsely (a few steps' worth) and counts proportionally less.
+_FULL_WEIGHT_TOKENS = 32.0
+# An in-flight request started at a uniformly random earlier time has, on
+# average, half a life of the same length left: the share of a new request's
+# decode that overlaps each request in flight, for what it adds to them.
+_OVERLAP_SHARE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    # A Thompson draw may send a request to a route whose mean cost is at most this
+    # much above the best: the worst a user pays for exploration (a product bound,
+    # not tuned: 25% of one request, on a few requests per new workload).
+    explore_max_regret: float = 0.25
+    # One busy GPU: the batch moves only when the other server carries the mix this
+    # much cheaper per token. 5% was measured for the earlier consolidation (nine
+    # one-GPU scenarios at c=8, virtual time: 1.150x -> 1.096x the better static
+    # route with it); a move's drain costs about one request's life of overlap.
+    switch_margin: float = 0.05
+    # Weight of a profile probe's acceptance, in requests (the profile runs about
+    # two probes per workload kind), and the spread of a request's acceptance
+    # around its workload's mean before any is measured (accepted/drafted rate).
+    probe_weight: float = 2.0
+    prior_sd: float = 0.2
+    # Memories, in requests: acceptance and failures follow a changed draft or
+    # traffic; drift corrects the profile slowly; a drift beyond
+    # contradiction_ratio over contradiction_after answers says "profile again".
+    acceptance_memory: float = 1000.0
+    drift_memory: float = 100.0
+    failure_memory: float = 50.0
+    contradiction_ratio: float = 1.5
+    contradiction_after: int = 20
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.explore_max_regret >= 0 or not 0 <= self.switch_margin < 1:
+            raise ValueError("router: need explore_max_regret >= 0 and 0 <= switch_margin < 1")
+        if not (self.probe_weight > 0 and 0 < self.prior_sd <= 0.5):
+            raise ValueError("router: need probe_weight > 0 and 0 < prior_sd <= 0.5")
+        if min(self.acceptance_memory, self.drift_memory, self.failure_memory) < 1:
+            raise ValueError("router: memories must be >= 1 request")
+        if self.contradiction_ratio <= 1 or self.contradiction_after < 1:
+            raise ValueError("router: need contradiction_ratio > 1, contradiction_after >= 1")
+
+
+# ---- what is learned -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AcceptanceBelief:
+    """Posterior of one key's mean acceptance rate rho (accepted / drafted tokens).
+
+    Decayed sums of the requests' rates (weight, weighted sum, weighted sum of
+    squares) plus a prior worth prior_n requests at prior_mean with spread
+    prior_sd. The mean's uncertainty is the between-request spread over the
+    square root of the requests' weight: a normal approximation, drawn from for
+    Thompson sampling and clipped into [0, 1].
+    """
+
+    prior_mean: float
+    prior_n: float
+    prior_sd: float
+    n: float = 0.0
+    total: float = 0.0
+    squares: float = 0.0
+
+    def observe(self, rate: float, weight: float, decay: float) -> None:
+        self.n = self.n * decay + weight
+        self.total = self.total * decay + weight * rate
+        self.squares = self.squares * decay + weight * rate * rate
+
+    @property
+    def weight(self) -> float:
+        return self.n + self.prior_n
+
+    @property
+    def mean(self) -> float:
+        return (self.total + self.prior_n * self.prior_mean) / self.weight
+
+    @property
+    def sd(self) -> float:
+        """The uncertainty of the mean (not the spread of single requests)."""
+        m = self.mean
+        second = self.squares + self.prior_n * (self.prior_sd**2 + self.prior_mean**2)
+        spread = max(second / self.weight - m * m, 1e-4)
+        return math.sqrt(spread / self.weight)
+
+    def sample(self, rng: random.Random) -> float:
+        return min(1.0, max(0.0, rng.gauss(self.mean, self.sd)))
+
+    def to_json(self) -> list[float]:
+        return [self.prior_mean, self.prior_n, self.prior_sd, self.n, self.total, self.squares]
+
+
+@dataclass(slots=True)
+class PredictionErrors:
+    """Sums of |predicted - measured| / measured over one route's answers.
+
+    as_sent: the prediction the decision was made with. given_length: the model
+    asked again with the answer's true length and acceptance: the profile's own
+    error, without the error of guessing the length.
+    """
+
+    count: int = 0
+    as_sent: float = 0.0
+    given_length: float = 0.0
+
+    def since(self, earlier: PredictionErrors | None) -> PredictionErrors:
+        earlier = earlier or PredictionErrors()
+        return PredictionErrors(
+            self.count - earlier.count,
+            self.as_sent - earlier.as_sent,
+            self.given_length - earlier.given_length,
+        )
+
+    def mape(self) -> tuple[float, float]:
+        if self.count <= 0:
+            return math.nan, math.nan
+        return self.as_sent / self.count, self.given_length / self.count
+
+
+@dataclass(slots=True)
+class _Drift:
+    """Running mean of log(measured / profiled decode time) for one route."""
+
+    log_ratio: float = 0.0
+    count: int = 0
+    beyond: int = 0  # answers in a row whose own ratio was past the contradiction bound
+
+
+@dataclass(frozen=True, slots=True)
+class _Prediction:
+    e2e_s: float
+    cost_s: float
+    tokens_per_step: float
+    decode_steps: float
+
+
+# ---- the built-in prior, before any profile --------------------------------------------
+
+
+def prior_profile(k: int, draft_cost_ratio: float) -> EngineProfile:
+    """What the router assumes before the profile is in: a GPU-shaped guess (20 ms +
+    0.2 ms per prompt token to the first token, a 10 ms step + 0.5 ms per sequence,
+    the speculative step x (1 + k*c)), labelled "prior" so every decision made on
+    it says "unprofiled"."""
+    batches = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+    base_step = tuple(0.010 + 0.0005 * b for b in batches)
+    spec_factor = 1.0 + k * draft_cost_ratio
+
+    def route(name: str, spec: bool) -> RouteProfile:
+        return RouteProfile(
+            name=name,
+            identity=ServerIdentity(
+                "", "", "unknown", "prior" if spec else "none", k if spec else 0
+            ),
+            ttft=Curve((1.0, 4096.0), (0.0202, 0.02 + 0.0002 * 4096)),
+            step=Curve(batches, tuple(s * (spec_factor if spec else 1.0) for s in base_step)),
+        )
+
+    return EngineProfile(
+        routes=(route(SPEC.value, True), route(BASE.value, False)),
+        overlap=1.0,
+        created="",
+        took_s=0.0,
+        source="prior",
+    )
+
+
+# ---- the policy ------------------------------------------------------------------------
+
+
+class ProfiledPolicy:
+    """Predicted-latency routing on a measured engine profile; see the module docstring."""
+
+    __slots__ = (
+        "_beliefs",
+        "_config",
+        "_decay",
+        "_drift",
+        "_errors",
+        "_failures",
+        "_guards",
+        "_k",
+        "_outputs",
+        "_prior",
+        "_profile",
+    )
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        k: int,
+        draft_cost_ratio: float,
+        profile: EngineProfile | None = None,
+        guards: GuardsConfig = DEFAULT_GUARDS,
+    ) -> None:
+        if k < 1:
+            raise ValueError(f"router: k must be >= 1, got {k}")
+        self._config = config
+        self._guards = guards
+        self._k = k
+        self._prior = prior_profile(k, draft_cost_ratio)
+        self._profile: EngineProfile | None = None
+        self._beliefs: dict[tuple[Workload, int], AcceptanceBelief] = {}
+        self._outputs = OutputLengthModel()
+        self._drift: dict[Route, _Drift] = {SPEC: _Drift(), BASE: _Drift()}
+        self._failures: dict[tuple[Route, Workload], list[float]] = {}
+        self._errors: dict[Route, PredictionErrors] = {}
+        self._decay = 1.0 - 1.0 / config.acceptance_memory
+        if profile is not None:
+            self.use_profile(profile)
+
+    # ---- the profile ------------------------------------------------------------------
+
+    @property
+    def config(self) -> RouterConfig:
+        return self._config
+
+    @property
+    def profile(self) -> EngineProfile | None:
+        """The measured profile in use (None: not in yet; decisions say "unprofiled")."""
+        return self._profile
+
+    def use_profile(self, profile: EngineProfile) -> None:
+        """Take a new profile: its probes' acceptance becomes each workload's prior (what
+        traffic has taught stays, on top), and the drift starts over against it."""
+        spec = profile.route(SPEC.value)
+        if spec is None or profile.route(BASE.value) is None:
+            raise ValueError("router: a profile needs a speculative and a baseline route")
+        self._profile = profile
+        for (workload, _), belief in self._beliefs.items():
+            self._set_prior(belief, workload)
+        self._drift = {SPEC: _Drift(), BASE: _Drift()}
+
+    def profile_contradicted(self) -> bool:
+        """Live decode times have disagreed with the profile beyond the bound for
+        contradiction_after answers in a row on some route: profile again."""
+        return any(d.beyond >= self._config.contradiction_after for d in self._drift.values())
+
+    def _active(self) -> EngineProfile:
+        return self._profile or self._prior
+
+    def _set_prior(self, belief: AcceptanceBelief, workload: Workload) -> None:
+        spec = self._active().route(SPEC.value)
+        probe = spec.tokens_per_step.get(workload) if spec is not None else None
+        if probe is not None:
+            belief.prior_mean = min(1.0, max(0.0, (probe[0] - 1.0) / self._k))
+            belief.prior_n = self._config.probe_weight
+        else:  # no probe of this kind: a neutral guess worth one request
+            belief.prior_mean, belief.prior_n = 0.5, 1.0
+        belief.prior_sd = self._config.prior_sd
+
+    # ---- deciding (reads only) ---------------------------------------------------------
+
+    def decide(
+        self,
+        features: RequestFeatures,
+        state: LiveState,
+        pair: int = 0,
+        rng: random.Random | None = None,
+    ) -> Decision:
+        """The route within `pair`; with `rng`, acceptance drawn from its posterior."""
+        profile = self._active()
+        rho = self._rate(features)
+        predicted = {r: self._predict(profile, features, state, r, rho) for r in (SPEC, BASE)}
+        why: dict[str, Any] = {
+            "profile": profile.source,
+            "acceptance": round(rho, 4),
+            "acceptance_sd": round(self._belief_for(features).sd, 4),
+        }
+        guard = self._guards.reason(state.speculative)
+        shared = profile.shared_gpu
+        busy = state.speculative.inflight + state.baseline.inflight > 0
+        if guard is not None:
+            route, reason, rule = BASE, guard, "guard"
+        elif shared and busy:
+            route, rule, carry = self._carrier(profile, features, state)
+            reason = "consolidate"
+            why["carry_s_per_token"] = {r.value: round(v, 6) for r, v in carry.items()}
+        else:
+            route = min((SPEC, BASE), key=lambda r: predicted[r].cost_s)
+            reason, rule = _FASTER[route], "smaller-cost"
+            if rng is not None and state.speculative.healthy and state.baseline.healthy:
+                drawn = self._belief_for(features).sample(rng)
+                sampled = {
+                    r: self._predict(profile, features, state, r, drawn) for r in (SPEC, BASE)
+                }
+                pick = min((SPEC, BASE), key=lambda r: sampled[r].cost_s)
+                limit = (1.0 + self._config.explore_max_regret) * predicted[route].cost_s
+                why["acceptance_drawn"] = round(drawn, 4)
+                if pick is not route and predicted[pick].cost_s <= limit:
+                    route, reason, rule = pick, "explore", "thompson-draw"
+        if not state.of(route).healthy and state.of(route.other).healthy:
+            route, reason, rule = route.other, "unhealthy-fallback", "unhealthy"
+        elif profile.source == "prior" and guard is None:
+            reason = "unprofiled"
+        why["rule"] = rule
+        why["cost_s"] = {r.value: round(p.cost_s, 6) for r, p in predicted.items()}
+        why["tokens_per_step"] = round(predicted[SPEC].tokens_per_step, 3)
+        return Decision(route, reason, {r: p.e2e_s for r, p in predicted.items()}, why)
+
+    def predict(self, f: RequestFeatures, state: LiveState, pair: int = 0) -> dict[Route, float]:
+        """Predicted seconds, send to last byte, on each route (the posterior mean)."""
+        profile, rho = self._active(), self._rate(f)
+        return {r: self._predict(profile, f, state, r, rho).e2e_s for r in (SPEC, BASE)}
+
+    def _predict(
+        self,
+        profile: EngineProfile,
+        f: RequestFeatures,
+        state: LiveState,
+        route: Route,
+        rho: float,
+        output_tokens: float | None = None,
+    ) -> _Prediction:
+        here, there = state.of(route), state.of(route.other)
+        me, other = _route(profile, route), _route(profile, route.other)
+        tau = 1.0 + self._k * rho if me.speculative else 1.0
+        n = max(f.n, 1)
+        out = self._outputs.predict(f) if output_tokens is None else output_tokens
+        steps = max(out - 1.0, 0.0) / tau
+        batch = here.load
+        drift = math.exp(self._drift[route].log_ratio)
+        step = me.step.at(batch + n) * drift
+        neighbour = profile.overlap * other.step.at(there.load) if there.load > 0 else 0.0
+        ttft = me.ttft.at(f.prompt_tokens + here.prefill_tokens)
+        alone = ttft + steps * (step + neighbour)
+        queue = (here.waiting or 0) / max(here.running or 0, 1) * alone
+        e2e = queue + alone
+        # What it adds to the requests in flight: each step of its server grows by
+        # the larger batch, each of its neighbour's by its own step (shared GPU).
+        grown = batch * (step - me.step.at(batch) * drift) if batch > 0 else 0.0
+        slowed = there.load * profile.overlap * step
+        others = _OVERLAP_SHARE * steps * (grown + slowed)
+        fail = self._failure_rate(route, f.workload)
+        retry = 0.0
+        if fail > 0:  # a failed answer costs its time, then an answer elsewhere
+            other_tau = 1.0 + self._k * rho if other.speculative else 1.0
+            retry = other.ttft.at(f.prompt_tokens) + max(out - 1, 0) / other_tau * other.step.at(
+                there.load + n
+            )
+        return _Prediction(e2e, e2e + others + fail * retry, tau, steps)
+
+    def _carrier(
+        self, profile: EngineProfile, f: RequestFeatures, state: LiveState
+    ) -> tuple[Route, str, dict[Route, float]]:
+        """One busy GPU: keep the batch where it is, unless the other server carries the
+        mix in flight (and this request) cheaper per token by more than the margin."""
+        mix: dict[Workload, float] = {}
+        for backend in (state.speculative, state.baseline):
+            for workload, count in backend.mix:
+                mix[workload] = mix.get(workload, 0.0) + count
+        mix[f.workload] = mix.get(f.workload, 0.0) + max(f.n, 1)
+        total = state.speculative.load + state.baseline.load + max(f.n, 1)
+        carry: dict[Route, float] = {}
+        for route in (SPEC, BASE):
+            rp = _route(profile, route)
+            step = rp.step.at(total) * math.exp(self._drift[route].log_ratio)
+            per_token = 0.0
+            for workload, share in mix.items():
+                tau = 1.0 + self._k * self._mean_rate(workload) if rp.speculative else 1.0
+                per_token += share / tau
+            carry[route] = step * per_token / sum(mix.values())
+        holder = SPEC if state.speculative.inflight >= state.baseline.inflight else BASE
+        mover = holder.other
+        allowed = mover is BASE or self._guards.reason(_grown(state.speculative, total)) is None
+        if allowed and carry[mover] < (1.0 - self._config.switch_margin) * carry[holder]:
+            return mover, "carrier-cheaper", carry
+        return holder, "carrier-holds", carry
+
+    # ---- acceptance --------------------------------------------------------------------
+
+    def _key(self, f: RequestFeatures) -> tuple[Workload, int]:
+        """The finer key: workload and sampling temperature (greedy, low, moderate,
+        high): acceptance falls with temperature within a workload."""
+        t = f.temperature
+        bucket = 0 if t <= 0.05 else 1 if t <= 0.5 else 2 if t <= 1.0 else 3
+        return f.workload, bucket
+
+    def _belief_for(self, f: RequestFeatures) -> AcceptanceBelief:
+        """The finer key's belief if it has any data, else the workload's."""
+        fine = self._beliefs.get(self._key(f))
+        if fine is not None and fine.n > 0:
+            return fine
+        return self._workload_belief(f.workload)
+
+    def _workload_belief(self, workload: Workload) -> AcceptanceBelief:
+        known = self._beliefs.get((workload, -1))
+        if known is not None:
+            return known
+        fresh = AcceptanceBelief(0.5, 1.0, self._config.prior_sd)
+        self._set_prior(fresh, workload)
+        return fresh
+
+    def _rate(self, f: RequestFeatures) -> float:
+        return self._belief_for(f).mean
+
+    def _mean_rate(self, workload: Workload) -> float:
+        return self._workload_belief(workload).mean
+
+    def _failure_rate(self, route: Route, workload: Workload) -> float:
+        counts = self._failures.get((route, workload))
+        if counts is None:
+            return 0.0
+        failed, seen = counts
+        return failed / (seen + 1.0)  # one success of benefit of the doubt
+
+    # ---- learning (the only writer) ----------------------------------------------------
+
+    def learn(self, outcome: FinishedRequest) -> None:
+        """One finished, successful answer, at the load its decision saw."""
+        if outcome.completion_tokens <= 0:
+            return
+        if not (math.isfinite(outcome.duration_s) and outcome.duration_s > 0):
+            return
+        f, route = outcome.features, outcome.route
+        per_seq = outcome.completion_tokens / max(f.n, 1)
+        rho = self._rate(f)
+        if route is SPEC and outcome.acceptance is not None and math.isfinite(outcome.acceptance):
+            rho = min(1.0, max(0.0, outcome.acceptance))
+            if per_seq >= 2:
+                weight = min(1.0, per_seq / _FULL_WEIGHT_TOKENS)
+                for key in ((f.workload, -1), self._key(f)):
+                    belief = self._beliefs.get(key)
+                    if belief is None:
+                        belief = self._beliefs[key] = self._workload_belief(f.workload)
+                        if key[1] >= 0:  # the finer key starts from its workload's mean
+                            belief = self._beliefs[key] = AcceptanceBelief(
+                                belief.mean, belief.prior_n, belief.prior_sd
+                            )
+                    belief.observe(rho, weight, self._decay)
+        self._outputs.observe(f, outcome.completion_tokens)
+        self._count_failure(route, f.workload, failed=False)
+        profile = self._active()
+        explained = self._predict(profile, f, outcome.state, route, rho, output_tokens=per_seq)
+        if outcome.predicted_s is not None and math.isfinite(outcome.predicted_s):
+            errors = self._errors.setdefault(route, PredictionErrors())
+            errors.count += 1
+            errors.as_sent += abs(outcome.predicted_s - outcome.duration_s) / outcome.duration_s
+            errors.given_length += abs(explained.e2e_s - outcome.duration_s) / outcome.duration_s
+        self._learn_drift(profile, route, f, outcome, explained)
+
+    def _learn_drift(
+        self,
+        profile: EngineProfile,
+        route: Route,
+        f: RequestFeatures,
+        outcome: FinishedRequest,
+        explained: _Prediction,
+    ) -> None:
+        """Measured decode time over the profile's, for this answer's length and load."""
+        if explained.decode_steps < 4:  # a few steps' time is mostly the first token's
+            return
+        ttft = outcome.ttft_s
+        if ttft is None:
+            ttft = _route(profile, route).ttft.at(f.prompt_tokens)
+        measured = outcome.duration_s - ttft
+        drift = self._drift[route]
+        profiled = (explained.e2e_s - ttft) / math.exp(drift.log_ratio)
+        if measured <= 0 or profiled <= 0:
+            return
+        ratio = min(4.0, max(0.25, measured / profiled))
+        drift.log_ratio += (math.log(ratio) - drift.log_ratio) / min(
+            drift.count + 1.0, self._config.drift_memory
+        )
+        drift.count += 1
+        bound = math.log(self._config.contradiction_ratio)
+        drift.beyond = drift.beyond + 1 if abs(math.log(ratio)) > bound else 0
+
+    def learn_failure(self, route: Route, features: RequestFeatures) -> None:
+        """An answer the route failed (an error status or a stream that broke)."""
+        self._count_failure(route, features.workload, failed=True)
+
+    def _count_failure(self, route: Route, workload: Workload, *, failed: bool) -> None:
+        decay = 1.0 - 1.0 / self._config.failure_memory
+        counts = self._failures.setdefault((route, workload), [0.0, 0.0])
+        counts[0] = counts[0] * decay + float(failed)
+        counts[1] = counts[1] * decay + 1.0
+
+    def learn_shadow(self, outcome: FinishedRequest) -> None:
+        """A shadow copy's answer: the same posteriors, observed at no user's expense."""
+        self.learn(outcome)
+
+    # ---- read-back ---------------------------------------------------------------------
+
+    def estimated_acceptance(self) -> dict[Workload, float]:
+        """Per-position acceptance a per workload (the unit of the gauges), from the
+        posterior mean rate; only workloads with a profile probe or a measurement."""
+        out: dict[Workload, float] = {}
+        spec = self._active().route(SPEC.value)
+        for workload in Workload:
+            known = (workload, -1) in self._beliefs
+            probed = spec is not None and workload in spec.tokens_per_step
+            if known or probed:
+                out[workload] = alpha_from_rate(self._mean_rate(workload), self._k)
+        return out
+
+    def acceptance_beliefs(self) -> dict[Workload, tuple[float, float, float]]:
+        """(mean rate, its sd, measured weight) per workload seen or probed."""
+        out: dict[Workload, tuple[float, float, float]] = {}
+        for workload in self.estimated_acceptance():
+            b = self._workload_belief(workload)
+            out[workload] = (b.mean, b.sd, b.n)
+        return out
+
+    def shared_gpu(self, pair: int = 0) -> bool | None:
+        if self._profile is None:
+            return None
+        return self._profile.shared_gpu
+
+    def drift(self) -> dict[Route, float]:
+        """Measured / profiled decode time per route (1.0: as profiled)."""
+        return {r: math.exp(d.log_ratio) for r, d in self._drift.items()}
+
+    def error_totals(self) -> dict[Route, PredictionErrors]:
+        return {r: e.since(None) for r, e in self._errors.items()}
+
+    # ---- state that survives a restart -------------------------------------------------
+
+    def state_to_json(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "k": self._k,
+            "acceptance": {
+                f"{w.value}/{b}": belief.to_json() for (w, b), belief in self._beliefs.items()
+            },
+            "outputs": self._outputs.to_json(),
+            "failures": {f"{r.value}/{w.value}": c for (r, w), c in self._failures.items()},
+        }
+
+    def load_state(self, raw: Mapping[str, Any]) -> None:
+        """What an earlier process learned; a state of another format or k is refused
+        (ValueError), and nothing of it is taken."""
+        if raw.get("format") != STATE_FORMAT or raw.get("k") != self._k:
+            raise ValueError(f"router state: want format {STATE_FORMAT!r} with k={self._k}")
+        beliefs: dict[tuple[Workload, int], AcceptanceBelief] = {}
+        for key, values in dict(raw.get("acceptance", {})).items():
+            name, _, fine = str(key).partition("/")
+            if not (isinstance(values, list) and len(values) == 6):
+                raise ValueError(f"router state: acceptance {key!r}")
+            beliefs[(Workload(name), int(fine))] = AcceptanceBelief(*map(float, values))
+        failures: dict[tuple[Route, Workload], list[float]] = {}
+        for key, values in dict(raw.get("failures", {})).items():
+            r, _, w = str(key).partition("/")
+            failures[(Route(r), Workload(w))] = [float(values[0]), float(values[1])]
+        outputs = OutputLengthModel.from_json(raw.get("outputs", {}))
+        self._beliefs, self._failures, self._outputs = beliefs, failures, outputs
+        if self._profile is not None:
+            for (workload, level), belief in beliefs.items():
+                if level < 0:
+                    self._set_prior(belief, workload)
+
+
+STATE_FORMAT = "specroute.router-state/1"
+
+
+def _route(profile: EngineProfile, route: Route) -> RouteProfile:
+    found = profile.route(route.value)
+    if found is None:  # use_profile checked both are there
+        raise KeyError(route.value)
+    return found
+
+
+def _grown(spec: BackendState, load: int) -> BackendState:
+    """The speculative server as it would be carrying the whole batch."""
+    return BackendState(
+        inflight=load,
+        healthy=spec.healthy,
+        kv_cache_usage=spec.kv_cache_usage,
+        others=0,
+    )

@@ -1,0 +1,416 @@
+"""Measure the engine profile (classifier/profile.py) on the servers themselves.
+
+Probes run only while the servers are idle (their own /metrics say nothing
+runs or waits): a probe beside foreign load would measure that load, so the
+profiler waits instead, and what it cannot measure in time is marked missing.
+Per route:
+
+- ttft: prompts of about 16, 256 and 1024 tokens (bounded by the model's
+  context), max_tokens 1, twice each, the median;
+- step: b requests at once (b = 1, 2, 4, ... up to max_batch) of a fixed
+  answer length (min_tokens = max_tokens, ignore_eos), decode time over steps;
+  on a speculative server the steps are vLLM's own count (per-request
+  metrics, else its counters over the batch);
+- acceptance: the built-in probe prompts of every workload kind, on each
+  speculative route alone, 1 + accepted / steps per kind;
+- overlap: a speculative request's step while the baseline runs a batch, less
+  its step alone, over the baseline's step at that batch.
+
+Progress goes to a callable, one line per measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from classifier.features import Endpoint, FeatureOptions, Workload, extract_features
+from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity, median
+from classifier.tokens import TokenCounter
+from gateway.scraper import parse_metrics
+
+__all__ = ["PROBES", "ProfileTarget", "identify", "measure_profile"]
+
+_FILLER = (
+    "The committee reviewed the quarterly figures and noted that shipping costs rose "
+    "while demand in the northern region held steady through the winter months. "
+)
+_STEP_TOKENS = 24  # answer length of a step probe: enough steps to average, few seconds on CPU
+_ACCEPT_TOKENS = 48
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileTarget:
+    name: str  # the route: "speculative" or "baseline"
+    url: str  # base URL without /v1
+    num_speculative_tokens: int  # 0: no speculation
+    speculative: str  # what the config says it runs ("none" without speculation)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def _chat(content: str, **extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
+
+
+# One probe per workload kind the router keys acceptance on; the gateway's own
+# feature extraction says which kind each is, so the prior lands on its key.
+PROBES: tuple[dict[str, Any], ...] = (
+    _chat(
+        "Give the user record as JSON with fields name, age and city.",
+        response_format={
+            "type": "json_schema",
+            "json_schema": {
+                "name": "user",
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "age": {"type": "integer"},
+                        "city": {"type": "string"},
+                    },
+                    "required": ["name", "age", "city"],
+                },
+            },
+        },
+    ),
+    _chat(
+        "Repeat this function with type hints added:\n```python\ndef total(items):\n"
+        "    result = 0\n    for item in items:\n        result = result + item.price\n"
+        "    return result\n```"
+    ),
+    _chat(
+        "CREATE TABLE orders (id INT, customer TEXT, amount REAL, placed DATE);\n"
+        "Write a SQL query for the total amount per customer in 2024."
+    ),
+    _chat("Write a short surreal poem about a lighthouse that dreams.", temperature=1.2),
+    _chat("What are three good habits for staying focused while working from home?"),
+    _chat(_FILLER * 160 + "\nSummarise the report above in two sentences."),
+)
+
+
+async def identify(
+    session: aiohttp.ClientSession, target: ProfileTarget, timeout_s: float = 5.0
+) -> ServerIdentity | None:
+    """The server's model, context and vLLM version; None if it does not answer."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    headers = dict(target.headers)
+    try:
+        async with session.get(f"{target.url}/v1/models", headers=headers, timeout=timeout) as r:
+            if r.status != 200:
+                return None
+            models = await r.json()
+        version = "unknown"
+        async with session.get(f"{target.url}/version", headers=headers, timeout=timeout) as r:
+            if r.status == 200:
+                version = str((await r.json()).get("version", "unknown"))
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    data = models.get("data") if isinstance(models, dict) else None
+    if not data or not isinstance(data[0], dict):
+        return None
+    first = data[0]
+    mml = first.get("max_model_len")
+    return ServerIdentity(
+        url=target.url,
+        model=str(first.get("id", "")),
+        version=version,
+        speculative=target.speculative,
+        num_speculative_tokens=target.num_speculative_tokens,
+        max_model_len=mml if isinstance(mml, int) else None,
+    )
+
+
+class _Probe:
+    """One profiling run's connections, clock and progress."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        model: str,
+        progress: Callable[[str], None],
+        deadline: float,
+    ) -> None:
+        self.session = session
+        self.model = model
+        self.progress = progress
+        self.deadline = deadline
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    async def idle(self, targets: Sequence[ProfileTarget], wait_s: float = 30.0) -> bool:
+        """Wait until every target's server runs and queues nothing (foreign load)."""
+        until = min(self.deadline, time.monotonic() + wait_s)
+        while True:
+            busy = 0.0
+            for t in targets:
+                scrape = await self.scrape(t)
+                if scrape is not None:
+                    busy += (scrape.running or 0) + (scrape.waiting or 0)
+            if busy == 0:
+                return True
+            if time.monotonic() >= until:
+                return False
+            await asyncio.sleep(0.5)
+
+    async def scrape(self, t: ProfileTarget) -> Any:
+        try:
+            async with self.session.get(
+                f"{t.url}/metrics",
+                headers=dict(t.headers),
+                timeout=aiohttp.ClientTimeout(total=5),
+            ) as r:
+                if r.status != 200:
+                    return None
+                return parse_metrics(await r.text(), time.monotonic())
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            return None
+
+    async def complete(
+        self, t: ProfileTarget, body: Mapping[str, Any]
+    ) -> tuple[float, dict[str, Any]]:
+        """(seconds, answer) of one non-streamed chat completion."""
+        started = time.perf_counter()
+        async with self.session.post(
+            f"{t.url}/v1/chat/completions",
+            json={"model": self.model, **body},
+            headers=dict(t.headers),
+            timeout=aiohttp.ClientTimeout(total=max(self.left(), 1.0)),
+        ) as r:
+            answer = await r.json(content_type=None)
+            if r.status != 200:
+                raise ProbeFailed(f"{t.name}: HTTP {r.status}: {str(answer)[:200]}")
+        return time.perf_counter() - started, answer
+
+
+class ProbeFailed(Exception):
+    pass
+
+
+def _steps(answer: Mapping[str, Any]) -> float | None:
+    metrics = answer.get("metrics")
+    if isinstance(metrics, dict):
+        spec = metrics.get("speculative_decoding")
+        if isinstance(spec, dict) and isinstance(spec.get("num_spec_steps"), int | float):
+            return float(spec["num_spec_steps"])
+    return None
+
+
+def _accepted(answer: Mapping[str, Any]) -> float | None:
+    metrics = answer.get("metrics")
+    if isinstance(metrics, dict):
+        spec = metrics.get("speculative_decoding")
+        if isinstance(spec, dict) and isinstance(spec.get("num_accepted_draft_tokens"), int):
+            return float(spec["num_accepted_draft_tokens"])
+    return None
+
+
+async def measure_profile(
+    session: aiohttp.ClientSession,
+    targets: Sequence[ProfileTarget],
+    *,
+    model: str,
+    tokens: TokenCounter,
+    max_batch: int = 32,
+    budget_s: float = 300.0,
+    progress: Callable[[str], None] = lambda line: None,
+    source: str = "measured",
+) -> EngineProfile:
+    """Profile every target; raises ProbeFailed when a route gets no curve at all."""
+    began = time.monotonic()
+    probe = _Probe(session, model, progress, began + budget_s)
+    missing: list[str] = []
+    identities: dict[str, ServerIdentity] = {}
+    for t in targets:
+        ident = await identify(session, t)
+        if ident is None:
+            raise ProbeFailed(f"{t.name} at {t.url} does not answer /v1/models")
+        identities[t.name] = ident
+    if not await probe.idle(targets):
+        missing.append("idle: foreign load did not stop; measured beside it")
+    limit = min(identities[t.name].max_model_len or 2048 for t in targets)
+    lengths = [n for n in (16, 256, 1024) if n * 2 < limit]
+    ttft: dict[str, Curve] = {}
+    step: dict[str, Curve] = {}
+    for t in targets:
+        ttft[t.name] = await _ttft(probe, t, lengths, tokens)
+    batches = [b for b in (1, 2, 4, 8, 16, 32) if b <= max(1, max_batch)]
+    for t in targets:
+        step[t.name] = await _step_curve(probe, t, batches, ttft[t.name], missing)
+    accept: dict[str, dict[Workload, tuple[float, int]]] = {t.name: {} for t in targets}
+    for t in targets:
+        if t.num_speculative_tokens > 0:
+            accept[t.name] = await _acceptance(probe, t, tokens, missing)
+    spec = next((t for t in targets if t.num_speculative_tokens > 0), None)
+    base = next((t for t in targets if t.num_speculative_tokens == 0), None)
+    overlap = 0.0
+    if spec is not None and base is not None:
+        overlap = await _overlap(probe, spec, base, step, ttft, missing)
+    profile = EngineProfile(
+        routes=tuple(
+            RouteProfile(t.name, identities[t.name], ttft[t.name], step[t.name], accept[t.name])
+            for t in targets
+        ),
+        overlap=overlap,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        took_s=time.monotonic() - began,
+        source=source,
+        missing=tuple(missing),
+    )
+    progress(f"profile done in {profile.took_s:.1f} s (overlap {overlap:.2f})")
+    return profile
+
+
+async def _ttft(
+    probe: _Probe, t: ProfileTarget, lengths: Sequence[int], tokens: TokenCounter
+) -> Curve:
+    xs: list[float] = []
+    ys: list[float] = []
+    for n in lengths:
+        words = " ".join(_FILLER.split() * (n // 20 + 1))
+        text = " ".join(words.split()[: max(1, int(n * 0.75))])
+        counted = float(tokens.count(text))
+        body = _chat(text + "\nReply with one word.", max_tokens=1)
+        times = [(await probe.complete(t, body))[0] for _ in range(2)]
+        if xs and counted <= xs[-1]:
+            continue
+        xs.append(counted)
+        ys.append(median(times))
+        probe.progress(f"{t.name}: first token at {counted:.0f} prompt tokens: {ys[-1]:.3f} s")
+    return Curve(tuple(xs), tuple(ys))
+
+
+async def _step_curve(
+    probe: _Probe,
+    t: ProfileTarget,
+    batches: Sequence[int],
+    ttft: Curve,
+    missing: list[str],
+) -> Curve:
+    body = _chat(
+        "Describe a walk along the river in the morning.",
+        max_tokens=_STEP_TOKENS,
+        min_tokens=_STEP_TOKENS,
+        ignore_eos=True,
+    )
+    xs: list[float] = []
+    ys: list[float] = []
+    for b in batches:
+        if probe.left() < 5 and xs:
+            missing.append(f"{t.name}: step at batch {b}: out of time")
+            continue
+        before = await probe.scrape(t) if t.num_speculative_tokens else None
+        answers = await asyncio.gather(*(probe.complete(t, body) for _ in range(b)))
+        after = await probe.scrape(t) if t.num_speculative_tokens else None
+        per_seq_steps: list[float] = []
+        for _, answer in answers:
+            s = _steps(answer)
+            per_seq_steps.append(float(_STEP_TOKENS - 1) if s is None else s)
+        if t.num_speculative_tokens and all(_steps(a) is None for _, a in answers):
+            drafts = None
+            if before is not None and after is not None and after.drafts is not None:
+                drafts = (after.drafts or 0) - (before.drafts or 0)
+            if drafts:  # vLLM's counters: one draft per sequence per step
+                per_seq_steps = [drafts / b] * b
+        first = ttft.at(16)
+        steps_each = [
+            max(took - first, 1e-6) / max(s, 1.0)
+            for (took, _), s in zip(answers, per_seq_steps, strict=True)
+        ]
+        xs.append(float(b))
+        ys.append(median(steps_each))
+        probe.progress(f"{t.name}: step at batch {b}: {ys[-1] * 1000:.1f} ms")
+    return Curve(tuple(xs), tuple(ys))
+
+
+async def _acceptance(
+    probe: _Probe, t: ProfileTarget, tokens: TokenCounter, missing: list[str]
+) -> dict[Workload, tuple[float, int]]:
+    k = t.num_speculative_tokens
+    sums: dict[Workload, list[float]] = {}
+    for body in PROBES:
+        workload = extract_features(body, Endpoint.CHAT, tokens, FeatureOptions()).workload
+        before = await probe.scrape(t)
+        try:
+            _, answer = await probe.complete(t, {**body, "max_tokens": _ACCEPT_TOKENS})
+        except ProbeFailed as exc:
+            missing.append(f"{t.name}: acceptance of {workload.value}: {exc}")
+            continue
+        after = await probe.scrape(t)
+        steps, accepted = _steps(answer), _accepted(answer)
+        counted = (
+            before is not None
+            and after is not None
+            and None
+            not in (
+                before.drafts,
+                after.drafts,
+            )
+        )
+        if (steps is None or accepted is None) and counted:
+            steps = (after.drafts or 0) - (before.drafts or 0)
+            accepted = (after.accepted_tokens or 0) - (before.accepted_tokens or 0)
+        if not steps or accepted is None:
+            missing.append(f"{t.name}: acceptance of {workload.value}: no counts")
+            continue
+        total = sums.setdefault(workload, [0.0, 0.0])
+        total[0] += accepted
+        total[1] += steps
+    out: dict[Workload, tuple[float, int]] = {}
+    for workload, (accepted, steps) in sums.items():
+        tps = min(float(k + 1), 1.0 + accepted / steps)
+        out[workload] = (tps, int(steps))
+        probe.progress(f"{t.name}: {workload.value}: {tps:.2f} tokens per step")
+    return out
+
+
+async def _overlap(
+    probe: _Probe,
+    spec: ProfileTarget,
+    base: ProfileTarget,
+    step: Mapping[str, Curve],
+    ttft: Mapping[str, Curve],
+    missing: list[str],
+) -> float:
+    """(spec's step beside a baseline batch - alone) / the baseline's step at that batch."""
+    if probe.left() < 5:
+        missing.append("overlap: out of time (assumed 0: a GPU each)")
+        return 0.0
+    batch = 4
+    long = _chat(
+        "Describe a walk along the river in the morning.",
+        max_tokens=_STEP_TOKENS * 4,
+        min_tokens=_STEP_TOKENS * 4,
+        ignore_eos=True,
+    )
+    short = _chat(
+        "Describe a walk along the river in the morning.",
+        max_tokens=_STEP_TOKENS,
+        min_tokens=_STEP_TOKENS,
+        ignore_eos=True,
+    )
+    background = [asyncio.ensure_future(probe.complete(base, long)) for _ in range(batch)]
+    try:
+        await asyncio.sleep(ttft[base.name].at(16) * 2 + step[base.name].at(batch) * 3)
+        took, answer = await probe.complete(spec, short)
+        done_first = any(task.done() for task in background)
+    finally:
+        await asyncio.gather(*background, return_exceptions=True)
+    steps = _steps(answer) or float(_STEP_TOKENS - 1)
+    beside = max(took - ttft[spec.name].at(16), 1e-6) / max(steps, 1.0)
+    alone = step[spec.name].at(1)
+    other = step[base.name].at(batch)
+    if done_first:
+        missing.append("overlap: the baseline batch ended first (underestimated)")
+    value = min(2.0, max(0.0, (beside - alone) / other))
+    probe.progress(
+        f"overlap: speculative step {alone * 1000:.1f} ms alone, {beside * 1000:.1f} ms "
+        f"beside a baseline batch of {batch} ({other * 1000:.1f} ms): {value:.2f}"
+    )
+    return value

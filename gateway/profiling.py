@@ -1,0 +1,232 @@
+"""The profiled policy's life in `serve`: its profile and its learned state.
+
+At start: the profile file is reloaded when it names exactly the servers that
+answer now (model, vLLM version, speculative config, URL); otherwise, or when
+it is missing or corrupt (one log line), the servers are profiled as soon as
+both answer and the gateway has nothing in flight. Serving never waits for it:
+decisions made before it is in say "unprofiled". A failed run is retried in
+idle time, and so is a profile that live traffic contradicts. What the policy
+learned is written to routing.state_path every minute and at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from classifier.policy import Route
+from classifier.profile import EngineProfile, ProfileError, ServerIdentity
+from classifier.router import ProfiledPolicy
+from gateway.config import Config
+from gateway.profiler import ProbeFailed, ProfileTarget, identify, measure_profile
+from gateway.state import BACKENDS, CONFIG, METRICS, RUNTIME, SESSION, TOKENS
+
+log = structlog.get_logger("specroute.profile")
+
+_RETRY_S = 30.0  # after a failed run, and between checks for a contradicted profile
+_SAVE_STATE_S = 60.0
+
+
+def targets(config: Config) -> list[ProfileTarget]:
+    """The first URL of each route (a pair per GPU runs the same servers: one profile)."""
+    spec, base = config.backends.speculative, config.backends.baseline
+
+    def headers(env: str) -> dict[str, str]:
+        key = os.environ.get(env, "") if env else ""
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    return [
+        ProfileTarget(
+            Route.SPECULATIVE.value,
+            spec.urls[0],
+            spec.num_speculative_tokens,
+            f"k={spec.num_speculative_tokens} c={spec.draft_cost_ratio:g}",
+            headers(spec.api_key_env),
+        ),
+        ProfileTarget(Route.BASELINE.value, base.urls[0], 0, "none", headers(base.api_key_env)),
+    ]
+
+
+def load_profile(path: str) -> EngineProfile | None:
+    """The stored profile, or None (absent; corrupt or of another format: logged)."""
+    if not path:
+        return None
+    try:
+        return EngineProfile.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ProfileError) as exc:
+        log.warning("profile_unusable", path=path, error=str(exc))
+        return None
+
+
+def save_json(path: str, text: str) -> None:
+    """Write atomically: a crash mid-write leaves the old file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(target)
+
+
+async def current_identities(
+    session: aiohttp.ClientSession, config: Config
+) -> dict[str, ServerIdentity] | None:
+    found: dict[str, ServerIdentity] = {}
+    for t in targets(config):
+        ident = await identify(session, t)
+        if ident is None:
+            return None
+        found[t.name] = ident
+    return found
+
+
+def _policy(app: web.Application) -> ProfiledPolicy | None:
+    policy = app[RUNTIME].current.policy
+    return policy if isinstance(policy, ProfiledPolicy) else None
+
+
+async def profile_ctx(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: the profile loop and the state file, for policy "profiled"."""
+    config = app[CONFIG]
+    routing = config.routing
+    policy = _policy(app)
+    if policy is None:
+        yield
+        return
+    if routing.state_path:
+        _load_state(policy, routing.state_path)
+    task = None
+    if routing.profile == "at-start":
+        task = asyncio.create_task(_profile_loop(app), name="specroute-profiler")
+    saver = asyncio.create_task(_save_state_loop(app), name="specroute-state-saver")
+    yield
+    for t in (task, saver):
+        if t is not None:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+    if routing.state_path and (policy := _policy(app)) is not None:
+        _save_state(policy, routing.state_path)
+
+
+def _load_state(policy: ProfiledPolicy, path: str) -> None:
+    try:
+        policy.load_state(json.loads(Path(path).read_text()))
+        log.info("router_state_loaded", path=path)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("router_state_unusable", path=path, error=str(exc))
+
+
+def _save_state(policy: ProfiledPolicy, path: str) -> None:
+    try:
+        save_json(path, json.dumps(policy.state_to_json()) + "\n")
+    except OSError as exc:
+        log.warning("router_state_not_saved", path=path, error=str(exc))
+
+
+async def _save_state_loop(app: web.Application) -> None:
+    path = app[CONFIG].routing.state_path
+    while path:
+        await asyncio.sleep(_SAVE_STATE_S)
+        if (policy := _policy(app)) is not None:
+            _save_state(policy, path)
+
+
+async def _profile_loop(app: web.Application) -> None:
+    """Reload or measure the profile, then watch for a contradicted one."""
+    config, session = app[CONFIG], app[SESSION]
+    path = config.routing.profile_path
+    stored = load_profile(path)
+    while True:
+        identities = await current_identities(session, config)
+        if identities is None:
+            await asyncio.sleep(1.0)
+            continue
+        if stored is not None and stored.describes(identities):
+            _apply(app, stored, "loaded")
+            break
+        if stored is not None:
+            log.info("profile_stale", path=path, reason="the servers' identity changed")
+            stored = None
+        if await _measure(app):
+            break
+        await asyncio.sleep(_RETRY_S)
+    while True:
+        await asyncio.sleep(_RETRY_S)
+        policy = _policy(app)
+        if policy is not None and policy.profile_contradicted():
+            log.warning(
+                "profile_contradicted", drift={r.value: v for r, v in policy.drift().items()}
+            )
+            await _measure(app)
+
+
+async def _measure(app: web.Application) -> bool:
+    """One profiling run once the gateway is idle; True when a profile was applied."""
+    config, pool = app[CONFIG], app[BACKENDS]
+    while pool.inflight > 0:
+        await pool.wait_idle(5.0)
+    started = time.monotonic()
+    log.info("profile_started", budget_s=config.routing.profile_budget_s)
+    try:
+        profile = await measure_profile(
+            app[SESSION],
+            targets(config),
+            model=await _model(app),
+            tokens=app[TOKENS],
+            max_batch=min(
+                config.backends.speculative.max_inflight, config.backends.baseline.max_inflight, 32
+            ),
+            budget_s=config.routing.profile_budget_s,
+            progress=lambda line: log.info("profile_progress", step=line),
+            source="emulated" if await _emulated(app) else "measured",
+        )
+    except (ProbeFailed, ProfileError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        log.warning("profile_failed", error=str(exc), after_s=round(time.monotonic() - started, 1))
+        return False
+    _apply(app, profile, "measured")
+    if config.routing.profile_path:
+        try:
+            save_json(config.routing.profile_path, profile.dumps())
+        except OSError as exc:
+            log.warning("profile_not_saved", path=config.routing.profile_path, error=str(exc))
+    return True
+
+
+def _apply(app: web.Application, profile: EngineProfile, how: str) -> None:
+    policy = _policy(app)
+    if policy is None:
+        return
+    policy.use_profile(profile)
+    app[METRICS].show_profile(profile)
+    log.info(
+        "profile_in_use",
+        how=how,
+        source=profile.source,
+        took_s=round(profile.took_s, 2),
+        overlap=round(profile.overlap, 3),
+        missing=list(profile.missing),
+    )
+
+
+async def _model(app: web.Application) -> str:
+    ident = await identify(app[SESSION], targets(app[CONFIG])[1])
+    return ident.model if ident is not None else ""
+
+
+async def _emulated(app: web.Application) -> bool:
+    """specroute's emulator says so in its version (0.32.0+emulated)."""
+    ident = await identify(app[SESSION], targets(app[CONFIG])[1])
+    return ident is not None and "emulated" in ident.version

@@ -1,0 +1,105 @@
+"""The engine profile measured on EMULATED servers whose truth the test knows
+(tooling/emulator/costs.py), and its life in `serve`: measured at start, saved,
+reloaded on restart, re-measured when the file is bad."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from classifier.features import Workload
+from classifier.profile import EngineProfile
+from classifier.tokens import TokenCounter
+from gateway.app import create_app
+from gateway.profiler import ProfileTarget, measure_profile
+from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
+from tooling.local_stack import gateway_config, local_stack, serve_app
+
+SCALE = 1.0  # steps of 8-17 ms: the event loop's own overhead is a small part of them
+
+
+async def _profile(stack: Any, tokens: TokenCounter) -> EngineProfile:
+    async with aiohttp.ClientSession() as session:
+        return await measure_profile(
+            session,
+            [
+                ProfileTarget("speculative", stack.speculative, 4, "emulated"),
+                ProfileTarget("baseline", stack.baseline, 0, "none"),
+            ],
+            model="emulated-model",
+            tokens=tokens,
+            max_batch=8,
+        )
+
+
+@pytest.mark.parametrize(("gpus", "shared"), [(1, True), (2, False)])
+async def test_the_profile_measures_the_emulators_truth(
+    tokens: TokenCounter, gpus: int, shared: bool
+) -> None:
+    # The stack's own gateway profiles nothing: this test's profiler runs alone.
+    off = {"profile": "off"}
+    async with local_stack(time_scale=SCALE, gpus=gpus, tokens=tokens, routing=off) as stack:
+        p = await _profile(stack, tokens)
+    c = stack.emulator
+    spec, base = p.route("speculative"), p.route("baseline")
+    assert spec is not None and base is not None
+    for b in (1.0, 8.0):
+        truth_base = c.scaled(baseline_step_ms(c, StepShape(int(b), 0)))
+        truth_spec = c.scaled(speculative_step_ms(c, StepShape(int(b), 0)))
+        assert base.step.at(b) == pytest.approx(truth_base, rel=0.2)
+        assert spec.step.at(b) == pytest.approx(truth_spec, rel=0.2)
+    assert base.ttft.at(800) > 3 * base.ttft.at(20)  # prefill grows with the prompt
+    tps = spec.tokens_per_step
+    assert tps[Workload.CODE][0] > tps[Workload.CREATIVE][0]
+    assert p.shared_gpu is shared
+    assert (p.overlap > 0.6) if shared else (p.overlap < 0.1)
+    assert EngineProfile.loads(p.dumps()).to_json() == p.to_json()
+
+
+async def _stats(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/stats") as r:
+        data: dict[str, Any] = await r.json()
+    return data
+
+
+async def _in_use(url: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = (await _stats(url))["profile"]
+        if found["in_use"]:
+            return dict(found["profile"])
+        await asyncio.sleep(0.1)
+    raise AssertionError("no profile in use")
+
+
+async def test_serve_profiles_at_start_saves_and_reloads_it(
+    tokens: TokenCounter, tmp_path: Path
+) -> None:
+    path = tmp_path / "profile.json"
+    routing = {"profile_path": str(path)}
+    async with local_stack(time_scale=SCALE, tokens=tokens, routing=routing) as stack:
+        first = await _in_use(stack.gateway)
+        assert path.exists() and first["source"] == "emulated"
+        # A restart over the same servers takes the file, without probing again.
+        config = gateway_config(stack.speculative, stack.baseline, stack.emulator, routing=routing)
+        runner, url = await serve_app(create_app(config, tokens=tokens))
+        try:
+            started = time.monotonic()
+            again = await _in_use(url, 10.0)
+            assert again == first and time.monotonic() - started < 5.0
+        finally:
+            await runner.cleanup()
+        # A corrupt file: a log line, then measured anew; serving never stopped.
+        path.write_text("{not json")
+        runner, url = await serve_app(create_app(config, tokens=tokens))
+        try:
+            fresh = await _in_use(url)
+            assert fresh["created"] >= first["created"]
+            assert EngineProfile.loads(path.read_bytes()).to_json() == fresh
+        finally:
+            await runner.cleanup()
