@@ -12,8 +12,9 @@ figures show which target wins on THIS engine and whether the gateway finds
 it, not what a GPU would do.
 
 Targets, the same requests to each, one target at a time (`specroute bench`):
-baseline and speculative (the static routes), `gateway` (config.toml's
-defaults: the cost model, told only the two URLs and k), `rules` (the same
+baseline and speculative (the static routes), `gateway` (the defaults: the
+profiled policy, told only the two URLs and k; it profiles the pair first, and
+the run waits for that), `rules` (the same
 gateway with policy "rules") and `dynamic`: ONE vLLM with dynamic speculative
 decoding (num_speculative_tokens_per_batch_size [[1,2,4],[3,4,2],[5,256,0]],
 up.sh's default), the single-server alternative. The oracle is each request's
@@ -46,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +63,7 @@ from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
 from tooling import datasets  # noqa: E402
 from tooling.bench import BenchOptions, run_bench  # noqa: E402
+from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import serve_app  # noqa: E402
 
 LABEL = "real vLLM on 2 CPU cores: functional truth, not GPU economics"
@@ -123,14 +126,14 @@ def pair_from_env() -> tuple[dict[str, str], str]:
     return urls, dynamic
 
 
-def gateway_config(urls: dict[str, str], policy: str) -> Any:
+def gateway_config(urls: dict[str, str], policy: str, profile_path: str = "") -> Any:
     return parse_config(
         {
             "backends": {
                 "speculative": {"urls": [urls["speculative"]], "num_speculative_tokens": K},
                 "baseline": {"urls": [urls["baseline"]]},
             },
-            "routing": {"policy": policy},
+            "routing": {"policy": policy, "profile_path": profile_path},
         }
     )
 
@@ -222,13 +225,17 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], dynamic: str, 
     tokens = load_tiktoken_counter()
     gateways = {}
     runners = []
-    for name, policy in (("gateway", "cost-model"), ("rules", "rules")):
-        runner, url = await serve_app(create_app(gateway_config(urls, policy), tokens=tokens))
+    for name, policy in (("gateway", "profiled"), ("rules", "rules")):
+        config = gateway_config(urls, policy, args.profile)
+        runner, url = await serve_app(create_app(config, tokens=tokens))
         runners.append(runner)
         gateways[name] = url
     try:
         timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
         async with aiohttp.ClientSession(timeout=timeout) as http:
+            started = time.perf_counter()
+            await wait_for_profile(aiohttp.ClientSession, gateways["gateway"], sys.stdout, 900.0)
+            print(f"gateway profile in after {time.perf_counter() - started:.0f} s", flush=True)
             warm = requests(args.warm_up, args.max_tokens, "warm-up")
             for line in warm:
                 line["body"]["model"] = args.model
@@ -299,6 +306,12 @@ if __name__ == "__main__":
         "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4]
     )
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--profile",
+        default="",
+        help="the gateway's routing.profile_path: a profile of these servers (from "
+        "`specroute profile`) is reloaded instead of measured",
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     sys.exit(main(p.parse_args()))

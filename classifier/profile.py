@@ -240,11 +240,14 @@ class EngineProfile:
 
     @property
     def shared_gpu(self) -> bool:
-        """One GPU for the routes: a step waits for a tenth or more of the other's.
+        """One GPU for the routes: a step waits for more than half of the other's.
 
-        0.1: the CPU pair (a core each) measures about 0, the emulated one-GPU
-        pair about 1 (tests/gateway/test_profiler.py)."""
-        return self.overlap >= 0.1
+        Past half, two servers side by side get less done than one server with
+        the whole batch (a bigger batch costs little more per step), so the
+        batch belongs on one of them. The CPU pair (a core each) measures about
+        0.14 (memory bandwidth and the client on 2 cores); one emulated GPU about
+        1, two emulated GPUs 0 (tests/gateway/test_profiler.py)."""
+        return self.overlap > 0.5
 
     def to_json(self) -> dict[str, Any]:
         return {

