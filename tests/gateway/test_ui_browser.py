@@ -15,6 +15,7 @@ README's docs/ui.png is made that way).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -31,6 +32,7 @@ from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.state import BACKENDS
 from tests.support import require_tool, wait_until
+from tooling.bench.targets import wait_for_profile
 from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
 from tooling.local_stack import MODEL, gateway_config, local_stack, serve_app
 
@@ -163,6 +165,9 @@ async def test_structured_and_creative_presets_side_by_side(
     browser: Browser, tokens: TokenCounter, tmp_path: Path
 ) -> None:
     async with local_stack(time_scale=1.0, tokens=tokens) as stack:
+        # The gateway's start-up profile probes both servers: the page's timings
+        # must not run beside them.
+        await wait_for_profile(aiohttp.ClientSession, stack.gateway, io.StringIO())
         page, errors = await open_page(browser, stack.gateway)
         await page.wait_for_selector("#live-table tbody tr[data-workload=structured]")
         assert await page.input_value("#model") == MODEL  # from /v1/models
@@ -202,6 +207,7 @@ async def test_the_live_table_shows_the_shadow_pairs_speedup(
         local_stack(time_scale=0.1, tokens=tokens, shadow={"share": 1.0}) as stack,
         aiohttp.ClientSession() as session,
     ):
+        await wait_for_profile(aiohttp.ClientSession, stack.gateway, io.StringIO())
         for i in range(3):  # one at a time: each copy runs in the idle time after it
             async with session.post(f"{stack.gateway}/v1/chat/completions", json=body) as resp:
                 assert resp.status == 200
