@@ -21,6 +21,7 @@ from gateway.profiler import ProfileTarget, measure_profile
 pytestmark = pytest.mark.vllm
 
 
+@pytest.mark.timeout(420)  # 110-190 s on the 2-core machine: TTFT, steps to batch 4, probes
 async def test_the_profiler_measures_the_real_pair(
     backends: Any, http: aiohttp.ClientSession
 ) -> None:
