@@ -396,7 +396,7 @@ class ProfiledPolicy:
     ) -> _Prediction:
         here, there = state.of(route), state.of(route.other)
         me, other = _route(profile, route), _route(profile, route.other)
-        tau = 1.0 + self._k * rho if me.speculative else 1.0
+        tau = self._tau(me, rho)
         n = max(f.n, 1)
         out = self._outputs.predict(f) if output_tokens is None else output_tokens
         steps = max(out - 1.0, 0.0) / tau
@@ -416,7 +416,7 @@ class ProfiledPolicy:
         fail = self._failure_rate(route, f.workload)
         retry = 0.0
         if fail > 0:  # a failed answer costs its time, then an answer elsewhere
-            other_tau = 1.0 + self._k * rho if other.speculative else 1.0
+            other_tau = self._tau(other, rho)
             retry = other.ttft.at(f.prompt_tokens) + max(out - 1, 0) / other_tau * other.step.at(
                 there.load + n
             )
@@ -439,7 +439,7 @@ class ProfiledPolicy:
             step = rp.step.at(total) * math.exp(self._drift[route].log_ratio)
             per_token = 0.0
             for workload, share in mix.items():
-                tau = 1.0 + self._k * self._mean_rate(workload) if rp.speculative else 1.0
+                tau = self._tau(rp, self._mean_rate(workload))
                 per_token += share / tau
             carry[route] = step * per_token / sum(mix.values())
         holder = SPEC if state.speculative.inflight >= state.baseline.inflight else BASE
@@ -448,6 +448,10 @@ class ProfiledPolicy:
         if allowed and carry[mover] < (1.0 - self._config.switch_margin) * carry[holder]:
             return mover, "carrier-cheaper", carry
         return holder, "carrier-holds", carry
+
+    def _tau(self, route: RouteProfile, rho: float) -> float:
+        """Tokens one step yields there: 1 + k * rho speculative, 1 without."""
+        return 1.0 + self._k * rho if route.speculative else 1.0
 
     # ---- acceptance --------------------------------------------------------------------
 

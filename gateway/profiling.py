@@ -180,18 +180,23 @@ async def _measure(app: web.Application) -> bool:
         await pool.wait_idle(5.0)
     started = time.monotonic()
     log.info("profile_started", budget_s=config.routing.profile_budget_s)
+    baseline = await identify(app[SESSION], targets(config)[1])
+    if baseline is None:
+        log.warning("profile_failed", error="the baseline does not answer /v1/models")
+        return False
     try:
         profile = await measure_profile(
             app[SESSION],
             targets(config),
-            model=await _model(app),
+            model=baseline.model,
             tokens=app[TOKENS],
             max_batch=min(
                 config.backends.speculative.max_inflight, config.backends.baseline.max_inflight, 32
             ),
             budget_s=config.routing.profile_budget_s,
             progress=lambda line: log.info("profile_progress", step=line),
-            source="emulated" if await _emulated(app) else "measured",
+            # specroute's emulator says so in its version (0.32.0+emulated)
+            source="emulated" if "emulated" in baseline.version else "measured",
         )
     except (ProbeFailed, ProfileError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
         log.warning("profile_failed", error=str(exc), after_s=round(time.monotonic() - started, 1))
@@ -219,14 +224,3 @@ def _apply(app: web.Application, profile: EngineProfile, how: str) -> None:
         overlap=round(profile.overlap, 3),
         missing=list(profile.missing),
     )
-
-
-async def _model(app: web.Application) -> str:
-    ident = await identify(app[SESSION], targets(app[CONFIG])[1])
-    return ident.model if ident is not None else ""
-
-
-async def _emulated(app: web.Application) -> bool:
-    """specroute's emulator says so in its version (0.32.0+emulated)."""
-    ident = await identify(app[SESSION], targets(app[CONFIG])[1])
-    return ident is not None and "emulated" in ident.version
