@@ -14,7 +14,12 @@ where one full batch costs one.
 
 The requests are the built-in workloads' own bodies (tooling/workloads.py),
 featurised by the gateway's extractor; each one's true acceptance is the
-emulator's (tooling/emulator/acceptance.py). Run it for a table:
+emulator's (tooling/emulator/acceptance.py). The router under test is the
+profiled policy on `engine_profile`: what gateway/profiler.py would measure
+of these engines (step per batch, first token per prompt, overlap 1 on one
+GPU and 0 on a GPU each, the probes' tokens per step), from the same costs;
+`probes=` makes the probes see another acceptance than the traffic's truth,
+for a router that must learn it. Run it for a table:
 
     .venv/bin/python tests/classifier/shared_gpu_sim.py
 """
@@ -24,8 +29,10 @@ from __future__ import annotations
 import random
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -38,11 +45,21 @@ from classifier import (
     RequestFeatures,
     Route,
     StaticPolicy,
+    Workload,
 )
-from classifier.costmodel import CostModelConfig, CostModelPolicy, Observation, send_batch
 from classifier.features import extract_features
+from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
+from classifier.router import ProfiledPolicy, RouterConfig
+from classifier.speculation import expected_tokens_per_step
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from tooling.emulator.acceptance import classify, draw_accepted, request_acceptance
+from gateway.profiler import PROBES
+from gateway.record import Lesson
+from tooling.emulator.acceptance import (
+    base_acceptance,
+    classify,
+    draw_accepted,
+    request_acceptance,
+)
 from tooling.emulator.config import EmulatorConfig
 from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
 from tooling.workloads import build
@@ -87,6 +104,99 @@ def jobs(
     return out
 
 
+# What the profiler measures (gateway/profiler.py): batches 1, 2, 4, ... 32 and
+# prompts of about 16, 256 and 1024 tokens; 48-token acceptance probes.
+PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
+PROFILE_PROMPTS = (16, 256, 1024)
+
+
+def _step_s(c: EmulatorConfig, route: Route, shape: StepShape) -> float:
+    cost = speculative_step_ms if route is SPEC else baseline_step_ms
+    return cost(c, shape) * c.time_scale / 1000.0
+
+
+def _ttft_s(c: EmulatorConfig, route: Route, prompt_tokens: int) -> float:
+    """A lone request's prefill: chunks of the step budget, the first token at the end."""
+    total, left = 0.0, prompt_tokens
+    while left > 0:
+        chunk = min(left, c.max_num_batched_tokens)
+        total += _step_s(c, route, StepShape(0, chunk))
+        left -= chunk
+    return total
+
+
+def probe_acceptance(c: EmulatorConfig, counter: TokenCounter) -> dict[Workload, float]:
+    """Per-position acceptance a the profiler's probes (gateway/profiler.py PROBES) meet
+    on this emulator, per router workload: the emulator's level before jitter."""
+    out: dict[Workload, float] = {}
+    for body in PROBES:
+        workload = extract_features(body, Endpoint.CHAT, counter).workload
+        text = " ".join(str(m.get("content", "")) for m in body["messages"])
+        kind = classify(structured="response_format" in body, prompt_text=text)
+        out[workload] = base_acceptance(c, kind, float(body.get("temperature", 1.0)))
+    return out
+
+
+def engine_profile(
+    emulator: EmulatorConfig | None = None,
+    *,
+    gpus: int = 1,
+    probes: Mapping[Workload, float] | None = None,
+    counter: TokenCounter | None = None,
+) -> EngineProfile:
+    """What gateway/profiler.py would measure of these engines, noise aside: the step
+    per batch and first token per prompt from the emulator's costs, the overlap (1:
+    one GPU taking turns; 0: a GPU each), and per workload the probes' tokens per
+    step, from `probes` (per-position a) where given, else the emulator's truth."""
+    c = emulator or EmulatorConfig(mode="speculative")
+    k = c.num_speculative_tokens
+    seen = probe_acceptance(c, counter or load_tiktoken_counter())
+    seen.update(probes or {})
+    tps = {w: (expected_tokens_per_step(a, k), 48) for w, a in seen.items()}
+
+    def route(r: Route) -> RouteProfile:
+        spec = r is SPEC
+        return RouteProfile(
+            r.value,
+            ServerIdentity(f"sim://{r.value}", "sim", "sim", "ngram" if spec else "none", k * spec),
+            Curve(
+                tuple(map(float, PROFILE_PROMPTS)),
+                tuple(_ttft_s(c, r, p) for p in PROFILE_PROMPTS),
+            ),
+            Curve(
+                tuple(map(float, PROFILE_BATCHES)),
+                tuple(_step_s(c, r, StepShape(b, 0)) for b in PROFILE_BATCHES),
+            ),
+            tps if spec else {},
+        )
+
+    return EngineProfile(
+        routes=(route(SPEC), route(BASE)),
+        overlap=1.0 if gpus == 1 else 0.0,
+        created=datetime.now(UTC).isoformat(),
+        took_s=0.0,
+        source="emulated",
+    )
+
+
+def profiled(
+    emulator: EmulatorConfig | None = None,
+    *,
+    gpus: int = 1,
+    probes: Mapping[Workload, float] | None = None,
+    config: RouterConfig | None = None,
+    counter: TokenCounter | None = None,
+) -> ProfiledPolicy:
+    """The gateway's default policy, its start-up profile of these engines in."""
+    c = emulator or EmulatorConfig(mode="speculative")
+    return ProfiledPolicy(
+        config or RouterConfig(),
+        k=c.num_speculative_tokens,
+        draft_cost_ratio=c.draft_cost_ratio,
+        profile=engine_profile(c, gpus=gpus, probes=probes, counter=counter),
+    )
+
+
 @dataclass(slots=True)
 class Served:
     job: Job
@@ -99,24 +209,21 @@ class Served:
 class _Running:
     __slots__ = (
         "accepted",
-        "ahead",
-        "batch",
         "drafted",
         "first_at",
         "generated",
         "index",
         "job",
-        "other",
         "prefilled",
         "rng",
         "route",
         "sent_at",
+        "state",
     )
 
     def __init__(self, index: int, job: Job, route: Route, now: float, state: LiveState) -> None:
         self.index, self.job, self.route, self.sent_at = index, job, route, now
-        self.batch, self.other = send_batch(state, route), state.of(route.other).inflight
-        self.ahead = state.of(route).prefill_tokens
+        self.state = state  # what the decision saw, for learn()
         self.prefilled = self.generated = self.drafted = self.accepted = 0
         self.first_at: float | None = None
         self.rng = random.Random(job.seed)
@@ -129,28 +236,33 @@ def simulate(
     *,
     emulator: EmulatorConfig | None = None,
     gpus: int = 1,
+    seed: int = 0,
 ) -> list[Served]:
-    """A closed loop of `concurrency` clients; a router with observe() learns as it goes.
+    """A closed loop of `concurrency` clients; the router learns every answer as it goes
+    (Policy.learn), and decides with a seeded rng as the gateway does (its exploration).
 
     gpus=2 gives each engine its own GPU: they step independently.
     """
     c = emulator or EmulatorConfig(mode="speculative")
     k = c.num_speculative_tokens
-    observe: Callable[[Observation], None] | None = getattr(router, "observe", None)
+    learn: Callable[[Lesson], None] = router.learn
+    rng = random.Random(seed)
     running: dict[Route, list[_Running]] = {SPEC: [], BASE: []}
+    newest = {SPEC: 0, BASE: 0}  # the newest request sent there, numbered from 1
     served: list[Served] = []
     now, sent = 0.0, 0
 
     def send(at: float) -> None:
         nonlocal sent
         job = requests[sent]
-        state = LiveState(*(_backend(running[route]) for route in (SPEC, BASE)))
-        decision = router.decide(job.features, state)
+        state = LiveState(*(_backend(running[r], newest[r]) for r in (SPEC, BASE)))
+        decision = router.decide(job.features, state, 0, rng)
         route = decision.route
         predicted = decision.predicted_s.get(route) if decision.predicted_s else None
         served.append(Served(job, route, decision.reason, predicted))
         running[route].append(_Running(sent, job, route, at, state))
         sent += 1
+        newest[route] = sent
 
     def step(route: Route, start: float) -> float:
         """One engine step of `route` (scheduled as vLLM v1 does) from `start`; returns its end."""
@@ -190,8 +302,7 @@ def simulate(
             running[route].remove(r)
             done = served[r.index]
             done.duration_s = now - r.sent_at
-            if observe is not None:
-                observe(_observation(r, done))
+            learn(_finished(r, done))
             if sent < len(requests):
                 send(now)
 
@@ -215,26 +326,30 @@ def simulate(
         finish(route, now)
 
 
-def _backend(running: Sequence[_Running]) -> BackendState:
-    """What the gateway knows of one engine: its requests, and the prompts not yet answered."""
+def _backend(running: Sequence[_Running], newest: int) -> BackendState:
+    """What the gateway knows of one engine: its requests, their workloads, the prompts
+    not yet answered and the newest request sent there."""
     prefilling = sum(r.job.features.prompt_tokens for r in running if r.first_at is None)
-    return BackendState(inflight=len(running), prefill_tokens=prefilling)
+    mix = Counter(r.job.features.workload for r in running)
+    return BackendState(
+        inflight=len(running),
+        prefill_tokens=prefilling,
+        mix=tuple(sorted(mix.items())),
+        last_start=newest,
+    )
 
 
-def _observation(r: _Running, done: Served) -> Observation:
-    return Observation(
+def _finished(r: _Running, done: Served) -> Lesson:
+    return Lesson(
         route=r.route,
         features=r.job.features,
-        batch=r.batch,
-        waiting=None,
+        state=r.state,
         ttft_s=(r.first_at - r.sent_at) if r.first_at is not None else None,
         duration_s=done.duration_s,
         prompt_tokens=r.job.features.prompt_tokens,
         completion_tokens=r.generated,
         acceptance=(r.accepted / r.drafted) if r.route is SPEC and r.drafted else None,
         predicted_s=done.predicted_s,
-        other_batch=r.other,
-        prefill_ahead=r.ahead,
     )
 
 
@@ -262,34 +377,36 @@ def mape(served: Sequence[Served], route: Route) -> float:
 def report(per_workload: int = 150, gpus: int = 1) -> None:
     """One policy through rising load, as benchmarks/policy_vs_oracle.py runs the emulator."""
     requests = jobs(per_workload, seed=3)
-    policy = CostModelPolicy(CostModelConfig(shared_gpu=gpus == 1))
+    policy = profiled(gpus=gpus)
     where = "ONE GPU" if gpus == 1 else "a GPU per server"
     print(f"\n{len(requests)} requests a level, of {', '.join(MIXED)}; {where} (virtual time)")
-    print("mean e2e / the per-request oracle's; 'unaware' routes per request as if on two GPUs")
     print(
-        "conc  cost-model  unaware  all-spec  all-base  | MAPE spec  base "
-        "| given length: spec  base | trials"
+        "mean e2e / the per-request oracle's; 'unaware' is the same policy on a profile "
+        "that says a GPU each (overlap 0), so it routes each request alone"
+    )
+    print(
+        "conc    profiled  unaware  all-spec  all-base  | MAPE spec  base "
+        "| given length: spec  base | consolidate"
     )
     for concurrency in (1, 2, 4, 8, 16, 32):
         spec = simulate(StaticPolicy(SPEC), requests, concurrency, gpus=gpus)
         base = simulate(StaticPolicy(BASE), requests, concurrency, gpus=gpus)
         best = oracle_latency(spec, base)
-        unaware = simulate(
-            CostModelPolicy(CostModelConfig(shared_gpu=False)), requests, concurrency, gpus=gpus
-        )
+        unaware = simulate(profiled(gpus=2), requests, concurrency, gpus=gpus)
         before = policy.error_totals()
         ours = simulate(policy, requests, concurrency, gpus=gpus)
         after = policy.error_totals()
         fit = {r: e.since(before.get(r)).mape()[1] for r, e in after.items()}
         ratios = [mean_latency(x) / best for x in (ours, unaware, spec, base)]
+        kept = sum(s.reason == "consolidate" for s in ours) / len(ours)
         print(
             f"{concurrency:>4}  {ratios[0]:10.3f}  {ratios[1]:7.3f}  {ratios[2]:8.3f}  "
             f"{ratios[3]:8.3f}  | {mape(ours, SPEC):9.3f}  {mape(ours, BASE):4.3f} "
             f"| {fit.get(SPEC, float('nan')):18.3f}  {fit.get(BASE, float('nan')):4.3f} | "
-            f"{policy.consolidation_trials()}"
+            f"{kept:11.0%}"
         )
 
 
 if __name__ == "__main__":
     report(gpus=1)
-    report(gpus=2)  # 'unaware' is then the same policy, fresh at each level
+    report(gpus=2)  # 'unaware' is then the same profile as the policy's

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from classifier import (
+    PROFILED_REASONS,
     BackendState,
     Endpoint,
     LiveState,
+    ProfiledPolicy,
     Route,
+    RouterConfig,
     RulesConfig,
     RulesPolicy,
     TokenCounter,
     Workload,
     extract_features,
 )
+from classifier.router import prior_profile
 
 # database=None: keep hypothesis from writing .hypothesis/ into the repo.
 SETTINGS = settings(max_examples=150, deadline=None, database=None)
@@ -118,6 +123,37 @@ def test_decide_never_raises(
         extract_features(body, Endpoint.CHAT, counter), LiveState(spec, base)
     )
     assert d.route in Route and d.reason in REASONS
+
+
+@SETTINGS
+@given(
+    body=chat_body,
+    spec=backend,
+    base=backend,
+    overlap=st.sampled_from([0.0, 1.0]),
+    seed=st.none() | st.integers(0, 2**32),
+)
+def test_the_profiled_decision_never_raises_and_reads_only(
+    counter: TokenCounter,
+    body: dict[str, Any],
+    spec: BackendState,
+    base: BackendState,
+    overlap: float,
+    seed: int | None,
+) -> None:
+    """On a profile (one GPU or a GPU each) with or without the gateway's rng: a known
+    reason, finite predictions, and the same answer again (decide() writes nothing)."""
+    profile = prior_profile(4, 0.1)
+    policy = ProfiledPolicy(RouterConfig(), k=4, draft_cost_ratio=0.1)
+    policy.use_profile(type(profile)(profile.routes, overlap, "", 0.0, "emulated"))
+    f = extract_features(body, Endpoint.CHAT, counter)
+    state = LiveState(spec, base)
+    rng = None if seed is None else random.Random(seed)
+    d = policy.decide(f, state, 0, rng)
+    assert d.route in Route and d.reason in PROFILED_REASONS and d.why is not None
+    assert d.predicted_s is not None and all(v >= 0 for v in d.predicted_s.values())
+    again = policy.decide(f, state, 0, None if seed is None else random.Random(seed))
+    assert (again.route, again.reason) == (d.route, d.reason)
 
 
 # Appending characters to one string is NOT monotone under BPE ("impor" is two

@@ -1,4 +1,4 @@
-"""A small synthetic serving environment for the cost-model tests (not a test itself).
+"""A small synthetic serving pair, a GPU per server, for the router (not a test itself).
 
 `outcome(route, features, batch, seed)` is a pure function: what one request
 would measure on one route when it joins a batch of `batch` sequences. Its
@@ -8,8 +8,10 @@ compute; a speculative step also runs the draft k times (each c x a target
 step), verifies k + 1 tokens per sequence and pays a rejection-sampler
 overhead; draft tokens are accepted position by position with the workload's
 probability a (plus per-request jitter) until the first rejection. Latencies
-carry lognormal noise. The policy under test never sees these numbers: it
-starts from priors that are deliberately off and must learn them.
+carry lognormal noise. The policy under test sees these costs only as a
+profiler would measure them (`engine_profile`: step per batch, first token per
+prompt, overlap 0, noise-free); its probes' acceptance can be set off the
+truth (`probes=`, e.g. WRONG_PROBES), which it must then learn from answers.
 
 `simulate` runs a closed loop of `concurrency` clients, each sending its next
 request when the previous one finishes, so routing changes the batches.
@@ -20,21 +22,23 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from classifier import (
     BackendState,
     Decision,
     Endpoint,
     LiveState,
+    Policy,
     RequestFeatures,
     Route,
     Workload,
 )
-from classifier.costmodel import CostModelConfig, CostModelPolicy, Observation
-from classifier.latency import LatencyPriors
+from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
+from classifier.router import ProfiledPolicy, RouterConfig
+from classifier.speculation import expected_tokens_per_step
+from gateway.record import Lesson
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 
@@ -47,10 +51,8 @@ TRUE_ACCEPTANCE = {
 }
 
 
-# What the policy is told at start: 2-3x off the engine's real rates.
-WRONG_LATENCY_PRIORS = LatencyPriors(
-    ttft_base_s=0.03, prefill_s_per_token=0.0005, step_base_s=0.02, step_per_seq_s=0.001
-)
+# Probes that saw one acceptance for every kind (per-position a): up to 0.4 off the truth.
+WRONG_PROBES = dict.fromkeys(TRUE_ACCEPTANCE, 0.6)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,40 @@ class Engine:
     def ttft_s(self, route: Route, prompt_tokens: int) -> float:
         prefill = self.overhead_s + self.weights_s + self.compute_per_token_s * prompt_tokens
         return prefill * (1.0 + self.draft_prefill_ratio if route is SPEC else 1.0)
+
+
+def engine_profile(engine: Engine, probes: Mapping[Workload, float] | None = None) -> EngineProfile:
+    """What a profiler measures of `engine`, noise aside: steps at batch 1, 2, 4 .. 32,
+    first tokens at prompts of 16, 256 and 1024 tokens, overlap 0 (a GPU each), and
+    per workload the probes' tokens per step at `probes` (else the truth's a)."""
+    seen = {**engine.acceptance, **(probes or {})}
+    batches = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+    prompts = (16.0, 256.0, 1024.0)
+
+    def route(r: Route) -> RouteProfile:
+        k = engine.k if r is SPEC else 0
+        return RouteProfile(
+            r.value,
+            ServerIdentity(f"sim://{r.value}", "sim", "sim", "ngram" if k else "none", k),
+            Curve(prompts, tuple(engine.ttft_s(r, int(p)) for p in prompts)),
+            Curve(batches, tuple(engine.step_s(r, int(b)) for b in batches)),
+            {w: (expected_tokens_per_step(a, k), 48) for w, a in seen.items()} if k else {},
+        )
+
+    return EngineProfile((route(SPEC), route(BASE)), 0.0, "", 0.0, "emulated")
+
+
+def profiled(
+    engine: Engine,
+    probes: Mapping[Workload, float] | None = None,
+    config: RouterConfig | None = None,
+) -> ProfiledPolicy:
+    return ProfiledPolicy(
+        config or RouterConfig(),
+        k=engine.k,
+        draft_cost_ratio=engine.c,
+        profile=engine_profile(engine, probes),
+    )
 
 
 @dataclass(frozen=True)
@@ -154,10 +190,6 @@ def mixed_requests(count: int, seed: int) -> list[tuple[RequestFeatures, int]]:
     return out
 
 
-class Router(Protocol):
-    def decide(self, features: RequestFeatures, state: LiveState) -> Decision: ...
-
-
 @dataclass
 class Served:
     features: RequestFeatures
@@ -185,15 +217,18 @@ def oracle(engine: Engine) -> Chooser:
 
 def simulate(
     engine: Engine,
-    router: Router | Chooser,
+    router: Policy | Chooser,
     requests: Sequence[tuple[RequestFeatures, int]],
     concurrency: int,
+    seed: int = 0,
 ) -> list[Served]:
-    """Closed loop; a router with an observe() method is told every outcome."""
+    """Closed loop; a policy decides with a seeded rng (as the gateway) and learns
+    every outcome."""
     inflight = {SPEC: 0, BASE: 0}
     served: list[Served] = []
-    events: list[tuple[float, int, Route, Observation]] = []
-    observe = getattr(router, "observe", None)
+    events: list[tuple[float, int, Route, Lesson]] = []
+    learn = getattr(router, "learn", None)
+    rng = random.Random(seed)
     now, sent = 0.0, 0
 
     def send() -> None:
@@ -206,18 +241,17 @@ def simulate(
         if callable(router) and not hasattr(router, "decide"):
             decision = router(f, seed, state)
         else:
-            decision = router.decide(f, state)  # type: ignore[union-attr]
+            decision = router.decide(f, state, 0, rng)  # type: ignore[union-attr]
         route = decision.route
         batch = inflight[route] + 1
         result = outcome(engine, route, f, batch, seed)
         predicted = decision.predicted_s[route] if decision.predicted_s else None
         served.append(Served(f, route, decision.reason, predicted, result))
         inflight[route] += 1
-        obs = Observation(
+        obs = Lesson(
             route=route,
             features=f,
-            batch=batch,
-            waiting=None,
+            state=state,
             ttft_s=result.ttft_s,
             duration_s=result.duration_s,
             prompt_tokens=f.prompt_tokens,
@@ -232,8 +266,8 @@ def simulate(
     while events:
         now, _, route, obs = heapq.heappop(events)
         inflight[route] -= 1
-        if observe is not None:
-            observe(obs)
+        if learn is not None:
+            learn(obs)
         if sent < len(requests):
             send()
     return served
@@ -257,19 +291,13 @@ def report(count: int = 3000, seed: int = 11) -> None:
     engine = Engine()
     requests = mixed_requests(count, seed)
     print(f"{count} requests, mixed workload; mean e2e latency / oracle's (whole run)")
-    print("conc  cost-model  rules  all-spec  all-base  | MAPE spec  base | max |a err|")
+    print("(the profiled policy's probes: a = 0.6 for every workload, WRONG_PROBES)")
+    print("conc    profiled  rules  all-spec  all-base  | MAPE spec  base | max |a err|")
     for concurrency in (1, 8, 32):
-        policy = CostModelPolicy(
-            CostModelConfig(
-                num_speculative_tokens=engine.k,
-                draft_cost_ratio=engine.c,
-                latency=WRONG_LATENCY_PRIORS,
-                shared_gpu=False,  # the simulated engines are independent
-            )
-        )
+        policy = profiled(engine, WRONG_PROBES)
         runs: dict[str, list[Served]] = {}
         for name, router in (
-            ("cost", policy),
+            ("profiled", policy),
             ("rules", RulesPolicy(RulesConfig())),
             ("spec", StaticPolicy(SPEC)),
             ("base", StaticPolicy(BASE)),
@@ -277,8 +305,8 @@ def report(count: int = 3000, seed: int = 11) -> None:
         ):
             runs[name] = simulate(engine, router, requests, concurrency)
         best = mean_latency(runs["oracle"])
-        ratios = [mean_latency(runs[n]) / best for n in ("cost", "rules", "spec", "base")]
-        late = runs["cost"][count // 2 :]
+        ratios = [mean_latency(runs[n]) / best for n in ("profiled", "rules", "spec", "base")]
+        late = runs["profiled"][count // 2 :]
         err = max(abs(a - TRUE_ACCEPTANCE[w]) for w, a in policy.estimated_acceptance().items())
         print(
             f"{concurrency:>4}  {ratios[0]:10.3f}  {ratios[1]:5.3f}  {ratios[2]:8.3f}  "
