@@ -7,8 +7,11 @@ The upstream is an EMULATED vLLM server at a negligible time scale, so what is
 measured is HTTP and the gateway, not a model. Processes: the emulated
 upstream and this load generator share CPU 0, the gateway (`specroute serve`,
 production settings) has CPU 1; on a 2-core machine that is the fairest split
-(the direct path's client and server share a core in both cases). Figures are
-ratios and differences from one run, printed; nothing here asserts a speed.
+(the direct path's client and server share a core in both cases). The gateway
+runs the default profiled policy and profiles the upstream at start; nothing is
+timed until that profile is in (its probes would be measured as overhead).
+Figures are ratios and differences from one run, printed; nothing here asserts
+a speed.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import wait_healthy  # noqa: E402
 
 CHAT = {"model": "emulated-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -138,12 +142,20 @@ def pct(values: list[float], q: float) -> float:
 
 
 def decision_cost(samples: int) -> list[tuple[str, float, float]]:
-    from classifier import CostModelConfig, CostModelPolicy, Endpoint, extract_features
+    """Features + ProfiledPolicy.decide on a GPU-shaped profile (the built-in prior's
+    curves, as measured: reason not "unprofiled"), with the gateway's rng (a draw)."""
+    import dataclasses
+    import random
+
+    from classifier import Endpoint, ProfiledPolicy, RouterConfig, extract_features
     from classifier.policy import BackendState, LiveState
+    from classifier.router import prior_profile
     from classifier.tokens import load_tiktoken_counter
 
     counter = load_tiktoken_counter()
-    policy = CostModelPolicy(CostModelConfig())
+    profile = dataclasses.replace(prior_profile(4, 0.1), source="emulated")
+    policy = ProfiledPolicy(RouterConfig(), k=4, draft_cost_ratio=0.1, profile=profile)
+    rng = random.Random(0)
     state = LiveState(BackendState(inflight=2), BackendState(inflight=1))
     words = [
         "the",
@@ -166,7 +178,7 @@ def decision_cost(samples: int) -> list[tuple[str, float, float]]:
             body = {"messages": [{"role": "user", "content": text}], "temperature": 0}
             t = time.perf_counter()
             features = extract_features(body, Endpoint.CHAT, counter)
-            policy.decide(features, state)
+            policy.decide(features, state, 0, rng)
             times.append(time.perf_counter() - t)
         rows.append((label, pct(times, 0.5) * 1e6, pct(times, 0.99) * 1e6))
     return rows
@@ -223,6 +235,7 @@ async def main(smoke: bool) -> dict[str, object]:
     ):
         for url in (upstream, gateway):
             await wait_healthy(url)
+        await wait_for_profile(aiohttp.ClientSession, gateway, sys.stderr)
         await latencies(gateway, 50, 4)  # warm both paths
         await latencies(upstream, 50, 4)
         rows = []
@@ -277,7 +290,7 @@ async def main(smoke: bool) -> dict[str, object]:
         f"(+{(gw_gap - direct_gap) * 1e3:.3f} ms)"
     )
     decisions = decision_cost(200 if smoke else 2000)
-    print("decision (features incl. tiktoken on a new prompt + cost-model decide):")
+    print("decision (features incl. tiktoken on a new prompt + profiled decide, with a draw):")
     for label, p50, p99 in decisions:
         print(f"  {label:>9} prompt: p50 {p50:7.1f} us, p99 {p99:7.1f} us")
     print(
