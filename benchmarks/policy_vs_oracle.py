@@ -1,4 +1,4 @@
-"""Does routing by predicted latency pay? The cost model vs static routes vs the oracle.
+"""Does routing by predicted latency pay? The profiled policy vs static routes vs the oracle.
 
     .venv/bin/python benchmarks/policy_vs_oracle.py            # ~15 minutes on 2 cores
     .venv/bin/python benchmarks/policy_vs_oracle.py --gpus 2   # a GPU per server
@@ -6,24 +6,28 @@
 
 On EMULATED backends (GPU-shaped timing, see tooling/emulator/CALIBRATION.md),
 for each concurrency: the same mixed request set (structured, SQL, code,
-creative, RAG, chat) is sent through gateways running the cost model, the
-rules, and each static route; each request's better time of the two static
-routes is the oracle. By default the two emulated servers share one emulated
-GPU, as deployed, so at concurrency > 1 the oracle is a reference, not a
-bound: it times each request with the whole GPU given to one route, and any
-routing that keeps both servers busy pays two weight reads per round instead
-of one (see classifier/consolidation.py; under load the cost model keeps the
-batch on one server and can only track the better static route, hence the
-last column). With --gpus 2 each server has its own GPU and per-request
-routing is what pays. Printed: mean e2e of each as a ratio to the oracle, from
-one run. The cost-model gateway starts with a deliberately wrong acceptance
-prior for code (0.2; the emulator's truth is 0.75), so code is first routed to
-the baseline and only exploration can find out; its acceptance estimates are
-printed against the emulator's truth. Its latency predictions are compared
-with what was measured (MAPE per route): as sent (the x-specroute-predicted
-figure) and given the answer's true length, which the request does not state
-(the emulator draws plain-text lengths uniformly from 48-320 tokens, capped by
-max_tokens), i.e. the error of the fitted rates alone.
+creative, RAG, chat) is sent through gateways running the profiled policy (the
+default), the rules, and each static route; each request's better time of the
+two static routes is the oracle. By default the two emulated servers share one
+emulated GPU, as deployed, so at concurrency > 1 the oracle is a reference,
+not a bound: it times each request with the whole GPU given to one route, and
+any routing that keeps both servers busy pays two weight reads per round
+instead of one (under load the profiled policy keeps a busy shared GPU's batch
+on one server, "consolidate", and can only track the better static route,
+hence the last column). With --gpus 2 each server has its own GPU and
+per-request routing is what pays. Printed: mean e2e of each as a ratio to the
+oracle, from one run. The profiled gateway measures its engine profile at
+start (nothing is timed before it is in, so no probe overlaps a timed
+request), then starts from a state deliberately far from the truth for code:
+as if earlier answers had measured its acceptance at rate 0.05 (believed
+a ~0.35; the emulator's truth, and the profile's code probe, 0.75), so code is
+first routed to the baseline and only exploration can find out; its
+acceptance estimates are printed against the emulator's truth. Its latency
+predictions are compared with what was measured (MAPE per route,
+ProfiledPolicy.error_totals()): as sent (the x-specroute-predicted figure) and
+given the answer's true length and acceptance, which the request does not
+state (the emulator draws plain-text lengths uniformly from 48-320 tokens,
+capped by max_tokens), i.e. the profile's own error.
 """
 
 from __future__ import annotations
@@ -41,21 +45,39 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from classifier.costmodel import CostModelPolicy, PredictionErrors  # noqa: E402
+from classifier.features import Workload  # noqa: E402
 from classifier.policy import Route  # noqa: E402
+from classifier.router import STATE_FORMAT, PredictionErrors, ProfiledPolicy  # noqa: E402
 from classifier.tokens import load_tiktoken_counter  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.state import RUNTIME  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
+from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.loadgen import Result, run_closed_loop  # noqa: E402
 from tooling.local_stack import MODEL, gateway_config, local_stack, serve_app  # noqa: E402
 from tooling.workloads import Request, build  # noqa: E402
 
-POLICIES = ("cost-model", "rules", "static-speculative", "static-baseline")
+POLICIES = ("profiled", "rules", "static-speculative", "static-baseline")
 # The emulator's per-position acceptance for these requests (CALIBRATION.md):
 # structured 0.80, code and SQL 0.75, chat 0.50 pulled toward 0.25 by T^2
 # (T = 0.7 -> 0.3775), creative at T >= 1 -> 0.25, RAG (chat kind, T = 0) 0.50.
 TRUTH = {"structured": 0.80, "code": 0.75, "chat": 0.3775, "creative": 0.25, "long_context": 0.50}
+# The start far from the truth: code's acceptance as if 8 earlier answers (full
+# weight) had measured accepted/drafted 0.05; the probe's prior is added on top.
+WRONG_CODE_RATE, WRONG_CODE_ANSWERS = 0.05, 8.0
+
+
+def wrong_code_state(k: int) -> dict[str, Any]:
+    """A router state (ProfiledPolicy.load_state) with code's belief far below the truth."""
+    n, rate = WRONG_CODE_ANSWERS, WRONG_CODE_RATE
+    belief = [0.5, 1.0, 0.2, n, n * rate, n * rate * rate]  # the prior is reset by the profile
+    return {
+        "format": STATE_FORMAT,
+        "k": k,
+        "acceptance": {f"{Workload.CODE.value}/-1": belief},
+        "outputs": {},
+        "failures": {},
+    }
 
 
 async def closed_loop(url: str, requests: list[Request], concurrency: int) -> list[Result]:
@@ -79,35 +101,46 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
         + ("both servers on ONE GPU" if gpus == 1 else "a GPU per server")
         + "; mean e2e / oracle's, one run\n"
     )
-    print(
-        f"{'concurrency':>11} {'requests':>9} {'oracle s':>9} "
-        + "".join(f"{p:>19}" for p in POLICIES)
-        + f"{'cm/best static':>15}"
-    )
     rows: dict[int, dict[str, float]] = {}
     tallies: dict[int, Counter[str]] = {}
     errors: dict[int, dict[Route, PredictionErrors]] = {}
-    async with local_stack(time_scale=0.05 if smoke else 0.25, tokens=tokens, gpus=gpus) as stack:
+    # The stack's own gateway is not measured: a static one, so that it never profiles.
+    async with local_stack(
+        time_scale=0.05 if smoke else 0.25,
+        tokens=tokens,
+        gpus=gpus,
+        routing={"policy": "static-baseline"},
+    ) as stack:
         gateways: dict[str, str] = {}
         runners = []
         for policy in POLICIES:
-            routing: dict[str, Any] = {"policy": policy}
-            if policy == "cost-model":
-                routing["cost_model"] = {"acceptance": {"code": 0.2}}  # default explore_share
             config = gateway_config(
-                stack.speculative, stack.baseline, stack.emulator, routing=routing
+                stack.speculative, stack.baseline, stack.emulator, routing={"policy": policy}
             )
             runner, url = await serve_app(create_app(config, tokens=tokens))
             runners.append(runner)
             gateways[policy] = url
-        cost_model = runners[0].app[RUNTIME].current.policy
-        assert isinstance(cost_model, CostModelPolicy)
+        profiled = runners[0].app[RUNTIME].current.policy
+        assert isinstance(profiled, ProfiledPolicy)
         try:
+            # Its start-up profile first: no probe may overlap a timed request.
+            await wait_for_profile(aiohttp.ClientSession, gateways["profiled"], sys.stdout)
+            profiled.load_state(wrong_code_state(stack.emulator.num_speculative_tokens))
+            start = profiled.estimated_acceptance()[Workload.CODE]
+            print(
+                f"profiled gateway starts with code's acceptance a at {start:.3f} "
+                f"(truth {TRUTH['code']:.2f})\n"
+            )
+            print(
+                f"{'concurrency':>11} {'requests':>9} {'oracle s':>9} "
+                + "".join(f"{p:>19}" for p in POLICIES)
+                + f"{'prof/best static':>17}"
+            )
             for level in levels:
                 requests = build(names, per_workload * max(1, level // 4), model=MODEL, seed=level)
-                # The cost model learns all the time; give it this level's load first.
+                # The profiled policy learns all the time; give it this level's load first.
                 warmup = build(names, warmup_per_workload, model=MODEL, seed=100 + level)
-                await closed_loop(gateways["cost-model"], warmup, level)
+                await closed_loop(gateways["profiled"], warmup, level)
                 base = await closed_loop(stack.baseline, requests, level)
                 spec = await closed_loop(stack.speculative, requests, level)
                 oracle = statistics.fmean(
@@ -115,32 +148,31 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
                 )
                 row = {}
                 for policy in POLICIES:
-                    before = cost_model.error_totals()
+                    before = profiled.error_totals()
                     sent = await closed_loop(gateways[policy], requests, level)
                     row[policy] = statistics.fmean(s.e2e_s for s in sent) / oracle
-                    if policy == "cost-model":
+                    if policy == "profiled":
                         tallies[level] = Counter(f"{s.route}/{s.reason}" for s in sent)
-                        after = cost_model.error_totals()
+                        after = profiled.error_totals()
                         windows = {r: e.since(before.get(r)) for r, e in after.items()}
                         errors[level] = {r: w for r, w in windows.items() if w.count}
                 rows[level] = row
                 print(
                     f"{level:>11} {len(requests):>9} {oracle:>9.3f} "
                     + "".join(f"{row[p]:>19.3f}" for p in POLICIES)
-                    + f"{row['cost-model'] / min(row[p] for p in POLICIES[2:]):>13.3f}",
+                    + f"{row['profiled'] / min(row[p] for p in POLICIES[2:]):>17.3f}",
                     flush=True,
                 )
-            estimates = cost_model.estimated_acceptance()
-            explored, decided = cost_model.explore_counts()
+            estimates = profiled.estimated_acceptance()
         finally:
             for runner in runners:
                 await runner.cleanup()
-    print("\ncost model's routes/reasons in the measured window:")
+    print("\nprofiled policy's routes/reasons in the measured window:")
     for level, tally in tallies.items():
         print(f"  {level:>3}: " + ", ".join(f"{k} {n}" for k, n in tally.most_common()))
     print(
-        "\ncost model's latency predictions vs measured in the window, MAPE per route: "
-        "as sent (x-specroute-predicted) | given the answer's true length (the fit alone)"
+        "\nprofiled policy's latency predictions vs measured in the window, MAPE per route: "
+        "as sent (x-specroute-predicted) | given the answer's true length (the profile alone)"
     )
     for level, per_route in errors.items():
         print(
@@ -150,9 +182,11 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
                 for route, e in per_route.items()
             )
         )
+    explored = sum(t["speculative/explore"] + t["baseline/explore"] for t in tallies.values())
+    measured = sum(t.total() for t in tallies.values())
     print(
         f"\nacceptance a per workload: estimate vs the emulator's truth "
-        f"(code's prior was 0.2; {explored} of {decided} decisions explored)"
+        f"(code's started at {start:.3f}; {explored} of {measured} measured decisions explored)"
     )
     worst = 0.0
     for workload, truth in TRUTH.items():
@@ -160,11 +194,11 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
         worst = max(worst, abs(estimate - truth))
         print(f"  {workload:<13} {estimate:.3f} vs {truth:.3f}  ({estimate - truth:+.3f})")
     beats = all(
-        r["cost-model"] < min(r["static-speculative"], r["static-baseline"]) for r in rows.values()
+        r["profiled"] < min(r["static-speculative"], r["static-baseline"]) for r in rows.values()
     )
-    within = all(r["cost-model"] <= 1.10 for r in rows.values())
+    within = all(r["profiled"] <= 1.10 for r in rows.values())
     print(
-        f"\ncost model beats both static routes at every level: {beats}; "
+        f"\nprofiled policy beats both static routes at every level: {beats}; "
         f"within 10% of the oracle at every level: {within}; worst acceptance error {worst:.3f}"
     )
     return 0

@@ -16,3 +16,6 @@ def test_policy_vs_oracle_benchmark_smoke(gpus: str) -> None:
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["8"])]
     assert [row[0] for row in rows] == ["1", "8"] and all(len(row) == 8 for row in rows)
     assert "given the answer's true length" in out and "acceptance a per workload" in out
+    # The profiled gateway's start-up profile was in before the first timed request.
+    assert out.index("profile (emulated)") < out.index("concurrency")
+    assert "starts with code's acceptance" in out
