@@ -11,14 +11,16 @@ emulated servers on one emulated GPU (as deployed), time scale 0.2. Printed:
    summed over its requests, and the per-request oracle is the faster of the two.
 2. concurrency 1 with idle gaps (after each request a pause of 1.5x its slower
    true time, plus 0.1 s), the same schedule for every run, each from a fresh
-   gateway (fresh emulators, the shipped cost model, told only k and c):
-   off: [shadow] enabled = false (exploration as before: explore_share 0.03);
-   all: share = 1.0, shadow_cover_decisions = 64 (shadows replace exploration
-        where they cover a workload);
-   all+explore: share = 1.0, shadow_cover_decisions = 0 (shadows and exploration);
-   default: the shipped [shadow] (share 0.05), shadow_cover_decisions = 64;
+   gateway (fresh emulators, the shipped profiled policy, told only k and c; its
+   start-up profile is in before the first request, so no probe overlaps one):
+   off: [shadow] enabled = false (exploration: Thompson draws alone);
+   all: share = 1.0 (every shadow pair feeds the same acceptance posterior, so
+        the draws explore less as it narrows);
+   default: the shipped [shadow] (share 0.05);
    rules off / rules all: the rules policy, which learns nothing, so the p50 ratio
         of the two is what shadows cost users, without what they teach.
+   (The earlier "all+explore" run, shadows beside a fixed explore
+   share, has no counterpart: the profiled policy has no explore share.)
    For each: users' e2e p50 and mean, the share of users explored, regret (sum of
    users' e2e / sum of the oracle's), and the shadows' outcomes. The on/off ratios
    are also given per request (the same request in both runs, median of the
@@ -55,28 +57,35 @@ from classifier.features import Endpoint, FeatureOptions, extract_features  # no
 from classifier.tokens import TokenCounter, load_tiktoken_counter  # noqa: E402
 from gateway.shadow_results import shadow_log_path  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
+from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.loadgen import Result, send_one  # noqa: E402
 from tooling.local_stack import MODEL, local_stack  # noqa: E402
 from tooling.workloads import MIXES, Request, build  # noqa: E402
 
 TIME_SCALE = 0.2
-# name: ([shadow], routing.cost_model.shadow_cover_decisions, routing.policy)
-RUNS: dict[str, tuple[dict[str, Any], int, str]] = {
-    "off": ({"enabled": False}, 64, "cost-model"),
-    "all": ({"share": 1.0}, 64, "cost-model"),
-    "all+explore": ({"share": 1.0}, 0, "cost-model"),
-    "default": ({}, 64, "cost-model"),
+# name: ([shadow], routing.policy)
+RUNS: dict[str, tuple[dict[str, Any], str]] = {
+    "off": ({"enabled": False}, "profiled"),
+    "all": ({"share": 1.0}, "profiled"),
+    "default": ({}, "profiled"),
     # The rules do not learn: what shadows cost users, without what they teach.
-    "rules off": ({"enabled": False}, 64, "rules"),
-    "rules all": ({"share": 1.0}, 64, "rules"),
+    "rules off": ({"enabled": False}, "rules"),
+    "rules all": ({"share": 1.0}, "rules"),
 }
+# The stack's gateway where only its servers are used: static, so it never profiles.
+UNUSED_GATEWAY = {"policy": "static-baseline"}
 
 
 async def truth(requests: list[Request], tokens: TokenCounter) -> list[tuple[float, float]]:
     """(speculative e2e, baseline e2e) of each request, each alone on an idle GPU."""
     out = []
     async with (
-        local_stack(time_scale=TIME_SCALE, tokens=tokens, shadow={"enabled": False}) as stack,
+        local_stack(
+            time_scale=TIME_SCALE,
+            tokens=tokens,
+            shadow={"enabled": False},
+            routing=UNUSED_GATEWAY,
+        ) as stack,
         aiohttp.ClientSession() as session,
     ):
         for request in requests:
@@ -92,12 +101,12 @@ async def gateway_run(
     gaps: list[float],
     tokens: TokenCounter,
     shadow: dict[str, Any],
-    cover: int,
     policy: str,
     log: Path,
 ) -> tuple[list[Result], Metrics]:
-    """Concurrency 1 with idle gaps through a fresh gateway; its results and metrics."""
-    routing = {"policy": policy, "cost_model": {"shadow_cover_decisions": cover}}
+    """Concurrency 1 with idle gaps through a fresh gateway, once its profile is in;
+    its results and metrics."""
+    routing = {"policy": policy}
     async with (
         local_stack(
             time_scale=TIME_SCALE,
@@ -108,6 +117,7 @@ async def gateway_run(
         ) as stack,
         aiohttp.ClientSession() as session,
     ):
+        await wait_for_profile(aiohttp.ClientSession, stack.gateway, sys.stderr)
         results = []
         for i, (request, gap) in enumerate(zip(requests, gaps, strict=True)):
             result = await send_one(session, stack.gateway, request, i)
@@ -125,6 +135,7 @@ async def steady_load(requests: list[Request], tokens: TokenCounter) -> tuple[in
         local_stack(time_scale=TIME_SCALE, tokens=tokens, shadow={"share": 1.0}) as stack,
         aiohttp.ClientSession() as session,
     ):
+        await wait_for_profile(aiohttp.ClientSession, stack.gateway, sys.stderr)
         started: list[int] = []
 
         async def client(mine: list[Request]) -> None:
@@ -201,9 +212,9 @@ async def main(args: argparse.Namespace) -> int:
     gaps = [0.1 + 1.5 * max(s, b) for s, b in true]
     runs = {}
     logs = Path(tempfile.mkdtemp(prefix="specroute-shadow-bench-"))
-    for name, (shadow, cover, policy) in RUNS.items():
+    for name, (shadow, policy) in RUNS.items():
         log = logs / f"{name.replace(' ', '-')}.jsonl"
-        runs[name] = await gateway_run(requests, gaps, tokens, shadow, cover, policy, log)
+        runs[name] = await gateway_run(requests, gaps, tokens, shadow, policy, log)
 
     print("\nconcurrency 1 with idle gaps, each run from a fresh gateway:")
     print(
