@@ -10,7 +10,12 @@ per-request speculative metrics on or off) and how clients send (streamed or
 not). The gateway runs config.toml's defaults and is told what an operator
 writes for the pair: the two URLs, and k in [backends.speculative] (copied
 from the server's --speculative-config). It is not told the acceptance, c, the
-step costs or the topology.
+step costs or the topology: it profiles the pair at start (the step per batch,
+the first token, the overlap of the two servers, the probes' acceptance), and
+nothing is timed before that profile is in, so no probe overlaps a timed
+request to any target. Where a scenario's truth differs from what the probes
+see (chat traffic at T 0.7 against a chat probe at T 0, permuted and inverted
+levels met at other temperatures, metrics off), the router must learn it.
 
 Mixed traffic (structured, SQL, code, creative, RAG, chat; tooling/workloads.py),
 per scenario:
@@ -26,24 +31,25 @@ per scenario:
   SETTLE_BAND of its share in its last window (one explored request in a
   window is within the band). The emulator runs at --time-scale, so the
   gateway's durations (its latency priors, its scrape interval) are
-  multiplied by it: at time scale 1 they are config.toml's values, and the
-  router starts exactly as far from the truth as it would there.
-- concurrency 8 and 32: the same cost-model gateway, warmed at that load, and
+  multiplied by it: at time scale 1 they are config.toml's values.
+- concurrency 8 and 32: the same profiled gateway, warmed at that load, and
   gateways with the static routes (same code, so the gateway's CPU cost
-  cancels) on one request set; ratio = cost model / the better static route.
+  cancels) on one request set; ratio = profiled / the better static route.
   The benchmark prints process CPU / wall for these runs: near 1, e2e would
   include CPU queueing instead of the modelled GPU's time (at time scale 0.2
   it stays under 0.65 on 2 cores; at 0.05, the smoke run's, it reaches 0.8-0.97).
 - the same traffic in VIRTUAL time (tests/classifier/shared_gpu_sim.py: the
   emulator's step costs, scheduling and acceptance, without a clock or HTTP),
-  with the policy the gateway builds from the same config: the same figures
+  with the policy the gateway builds from the same config, given the profile a
+  profiler measures of the same costs (shared_gpu_sim.engine_profile: noise-free,
+  overlap 1 on one GPU, 0 on two): the same figures
   without CPU noise, and without what only HTTP has (no /metrics scrape, so no
   waiting, running or KV figures: neither avoid-queue nor the scraped guards
   fire), hence left out for the scenarios about HTTP (metrics off, no
   streaming). `--load-engine virtual` skips the loaded levels over HTTP.
 
 Goals (issue 15): regret <= 1.10 at concurrency 1; ratio <= 1.00 at 8 and 32.
-Every miss is listed at the end with what the cost model did.
+Every miss is listed at the end with what the profiled policy did.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import io
 import math
 import statistics
 import sys
@@ -69,16 +76,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "classifier")]
 
 import shared_gpu_sim  # noqa: E402
 
-from classifier.costmodel import CostModelPolicy  # noqa: E402
 from classifier.features import Endpoint, Workload, extract_features  # noqa: E402
-from classifier.latency import LatencyPriors  # noqa: E402
 from classifier.policy import Policy, Route, StaticPolicy  # noqa: E402
+from classifier.profile import EngineProfile  # noqa: E402
+from classifier.router import ProfiledPolicy  # noqa: E402
 from classifier.tokens import TokenCounter, load_tiktoken_counter  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import UpstreamConfig, parse_config  # noqa: E402
 from gateway.runtime import build_policy  # noqa: E402
 from gateway.state import RUNTIME  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
+from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app  # noqa: E402
 from tooling.emulator.acceptance import base_acceptance, classify  # noqa: E402
 from tooling.emulator.protocol import parse_generation  # noqa: E402
@@ -97,13 +105,6 @@ _STEP_KNOBS = (
     "kv_read_ms_per_seq",
     "compute_ms_per_token",
     "spec_overhead_ms",
-)
-_LATENCY_RATES = (
-    "ttft_base_s",
-    "prefill_s_per_token",
-    "step_base_s",
-    "step_per_seq_s",
-    "queue_s_per_waiting",
 )
 
 
@@ -182,7 +183,7 @@ SMOKE = ("default", "inverted", "non-stream")
 @dataclass(frozen=True, slots=True)
 class Counts:
     first: int  # concurrency 1, from a fresh gateway
-    warmup: dict[int, int]  # per level, through the cost model before measuring
+    warmup: dict[int, int]  # per level, through the profiled gateway before measuring
     measured: dict[int, int]  # per level
 
 
@@ -192,10 +193,10 @@ SMALL = Counts(18, {8: 16, 32: 32}, {8: 16, 32: 32})
 
 @dataclass(slots=True)
 class Levels:
-    """The loaded levels of one engine: mean e2e of each static route, and the cost model's."""
+    """The loaded levels of one engine: mean e2e of each static route, and the profiled's."""
 
     statics: dict[int, dict[str, float]] = field(default_factory=dict)
-    ratio: dict[int, float] = field(default_factory=dict)  # cost model / the better static
+    ratio: dict[int, float] = field(default_factory=dict)  # profiled / the better static
     reasons: dict[int, Counter[str]] = field(default_factory=dict)
     cpu: dict[int, float] = field(default_factory=dict)  # over HTTP: process CPU / wall
 
@@ -229,6 +230,7 @@ class Outcome:
     virtual_regret: float = math.nan  # concurrency 1 in virtual time
     virtual: Levels | None = None
     wall_s: float = 0.0
+    profile: EngineProfile | None = None  # the gateway's, over HTTP
 
     def misses(self) -> list[str]:
         """Against the goals: the real gateway's figures where there are some."""
@@ -243,13 +245,13 @@ def gateway_config(
     *,
     k: int,
     time_scale: float,
-    policy: str = "cost-model",
+    policy: str = "profiled",
     shadow: bool = True,
 ) -> Any:
-    """config.toml's defaults, told the URLs and k; durations x the emulator's time scale.
-    shadow=False: no shadow copies (an oracle's gateway: a copy would land on the other
-    oracle server, which another gateway is measuring)."""
-    latency, upstream = LatencyPriors(), UpstreamConfig()
+    """config.toml's defaults, told the URLs and k; the scrape interval x the emulator's
+    time scale. shadow=False: no shadow copies (an oracle's gateway: a copy would land
+    on the other oracle server, which another gateway is measuring)."""
+    upstream = UpstreamConfig()
     return parse_config(
         {
             "shadow": {"enabled": shadow},
@@ -257,12 +259,7 @@ def gateway_config(
                 "speculative": {"urls": [spec], "num_speculative_tokens": k},
                 "baseline": {"urls": [base]},
             },
-            "routing": {
-                "policy": policy,
-                "cost_model": {
-                    "latency": {n: getattr(latency, n) * time_scale for n in _LATENCY_RATES}
-                },
-            },
+            "routing": {"policy": policy},
             "upstream": {"scrape_interval_s": upstream.scrape_interval_s * time_scale},
         }
     )
@@ -364,11 +361,11 @@ async def run_http(
             policy: create_app(
                 gateway_config(*pair, k=k, time_scale=time_scale, policy=policy), tokens=counter
             )
-            for policy in ("cost-model", "static-speculative", "static-baseline")
+            for policy in ("profiled", "static-speculative", "static-baseline")
         }
         gateways = {policy: await serve(app) for policy, app in apps.items()}
-        cost_model = apps["cost-model"][RUNTIME].current.policy
-        assert isinstance(cost_model, CostModelPolicy)
+        profiled = apps["profiled"][RUNTIME].current.policy
+        assert isinstance(profiled, ProfiledPolicy)
         # The oracle's runs go through gateways too, with the static routes (as at the
         # loaded levels): the gateway's own CPU then cancels, and the regret is the
         # routing's. Straight to the servers, it counted the proxy's cost at time
@@ -386,6 +383,10 @@ async def run_http(
             for route in ("speculative", "baseline")
         ]
 
+        # The profiled gateway's start-up profile of its pair first (the static ones
+        # keep none): no probe may overlap a timed request to any target.
+        await wait_for_profile(aiohttp.ClientSession, gateways["profiled"], io.StringIO())
+        out.profile = profiled.profile
         first = build(NAMES, math.ceil(counts.first / len(NAMES)), model=MODEL, seed=1)
         first = first[: counts.first]
         # One client each, on separate emulated GPUs: the three runs cannot slow each other
@@ -393,7 +394,7 @@ async def run_http(
         spec, base, ours = await asyncio.gather(
             closed_loop(oracle[0], first, 1, s.stream),
             closed_loop(oracle[1], first, 1, s.stream),
-            closed_loop(gateways["cost-model"], first, 1, s.stream),
+            closed_loop(gateways["profiled"], first, 1, s.stream),
         )
         out.regret = mean_e2e(ours) / oracle_e2e(base, spec)
         out.settled = settled_after(ours)
@@ -404,7 +405,7 @@ async def run_http(
                 [base[i] for i in mine], [spec[i] for i in mine]
             )
         truth = true_acceptance(first, spec_cfg, counter)
-        learned = cost_model.estimated_acceptance()
+        learned = profiled.estimated_acceptance()
         out.acceptance = {w: (learned[w], a) for w, a in truth.items()}
 
         levels = Levels()
@@ -418,8 +419,8 @@ async def run_http(
             for route in ("speculative", "baseline"):
                 sent = await closed_loop(gateways[f"static-{route}"], requests, level, s.stream)
                 statics[route] = mean_e2e(sent)
-            await closed_loop(gateways["cost-model"], warmup, level, s.stream)
-            sent = await closed_loop(gateways["cost-model"], requests, level, s.stream)
+            await closed_loop(gateways["profiled"], warmup, level, s.stream)
+            sent = await closed_loop(gateways["profiled"], requests, level, s.stream)
             levels.cpu[level] = (time.process_time() - cpu) / (time.perf_counter() - wall)
             levels.add(
                 level, statics, mean_e2e(sent), Counter(f"{r.route}/{r.reason}" for r in sent)
@@ -432,12 +433,15 @@ async def run_http(
 
 def run_virtual(s: Scenario, counts: Counts, counter: TokenCounter, out: Outcome) -> None:
     """The same traffic in virtual time: concurrency 1, then the loaded levels, one policy
-    as the gateway builds it from the same config (durations as config.toml says them)."""
+    as the gateway builds it from the same config, given the profile a profiler measures
+    of the same costs (shared_gpu_sim.engine_profile)."""
     truth = emulator_config(s, 1.0)
     policy = build_policy(
         gateway_config("http://s.invalid", "http://b.invalid", k=out.told_k, time_scale=1.0)
     )
+    assert isinstance(policy, ProfiledPolicy)
     sim = shared_gpu_sim
+    policy.use_profile(sim.engine_profile(truth, gpus=s.gpus, counter=counter))
 
     def workload(n: int, seed: int) -> list[shared_gpu_sim.Job]:
         return sim.jobs(math.ceil(n / len(NAMES)), seed=seed, counter=counter, emulator=truth)[:n]
@@ -504,10 +508,10 @@ def print_header(names: Sequence[str], counts: Counts, time_scale: float) -> Non
         f"{s.name} at {s.time_scale(time_scale):g}" for s in SCENARIOS if s.step_factor < 1
     )
     print(
-        "gateway: config.toml's defaults (cost model; acceptance priors 0.6 for every "
-        "workload; c 0.1; shared_gpu default), told only the two URLs and k "
-        "([backends.speculative] num_speculative_tokens = the emulator's k); over HTTP its "
-        f"durations (latency priors, scrape interval) x the time scale {time_scale:g} "
+        "gateway: config.toml's defaults (the profiled policy: it profiles the pair at start, "
+        "nothing timed before; acceptance then learned on the probes' prior), told only the "
+        "two URLs and k ([backends.speculative] num_speculative_tokens = the emulator's k); "
+        f"over HTTP its scrape interval x the time scale {time_scale:g} "
         "(a scenario whose steps are cheaper runs at a larger one, so that no modelled step "
         f"is shorter in wall time: {faster})"
     )
@@ -520,7 +524,7 @@ def print_header(names: Sequence[str], counts: Counts, time_scale: float) -> Non
     )
     print(
         f"goals: c=1 regret <= {REGRET_GOAL:.2f} (vs the per-request oracle); at c=8 and c=32 "
-        f"cost model / best static <= {STATIC_GOAL:.2f}; '!' marks a miss; 'settled': request, "
+        f"profiled / best static <= {STATIC_GOAL:.2f}; '!' marks a miss; 'settled': request, "
         "and the workload that settled last\n"
     )
     ratios = "".join(f"{f'c={lv} /best':>13}" for lv in counts.measured)
@@ -534,6 +538,19 @@ def print_header(names: Sequence[str], counts: Counts, time_scale: float) -> Non
 
 
 def print_details(outcomes: Sequence[Outcome]) -> None:
+    print("\nthe profiled gateway's start-up profile over HTTP, per scenario:")
+    for o in outcomes:
+        p = o.profile
+        if p is None:
+            print(f"  {o.scenario.name:<15}not in (the built-in prior)")
+            continue
+        spec = p.route(Route.SPECULATIVE.value)
+        tps = spec.tokens_per_step if spec is not None else {}
+        cells = " ".join(f"{w.value} {t:.2f}" for w, (t, _) in sorted(tps.items()))
+        print(
+            f"  {o.scenario.name:<15}{p.took_s:.1f} s, overlap {p.overlap:.2f}; "
+            f"tokens per speculative step: {cells}"
+        )
     print("\nacceptance a after the c=1 run: learned / true (the emulator's level), per workload")
     for o in outcomes:
         cells = "  ".join(
@@ -560,7 +577,7 @@ def print_details(outcomes: Sequence[Outcome]) -> None:
             for level, tally in levels.reasons.items():
                 statics = ", ".join(f"{r} {v:.3f} s" for r, v in levels.statics[level].items())
                 top = ", ".join(f"{k} {n}" for k, n in tally.most_common(4))
-                print(f"    c={level} {engine}: static {statics}; cost model: {top}")
+                print(f"    c={level} {engine}: static {statics}; profiled: {top}")
 
 
 async def main(names: Sequence[str], counts: Counts, time_scale: float, engine: str) -> int:

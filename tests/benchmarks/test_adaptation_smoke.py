@@ -29,4 +29,7 @@ def test_adaptation_benchmark_smoke() -> None:
     assert rows["default"].count("|") == 1 and "-" not in rows["default"][:12]
     assert rows["non-stream"][rows["non-stream"].index("|") + 1] == "-"
     assert "acceptance a after the c=1 run" in out and "misses:" in out
+    # Each scenario's gateway had its start-up profile in before the timed requests.
+    profiles = out.split("start-up profile over HTTP, per scenario:")[1].split("\n\n")[0]
+    assert profiles.count("tokens per speculative step") == len(SMOKE), profiles
     assert "[EMULATED] 3 scenarios" in out
