@@ -20,7 +20,7 @@ oracle, from one run. The profiled gateway measures its engine profile at
 start (nothing is timed before it is in, so no probe overlaps a timed
 request), then starts from a state deliberately far from the truth for code:
 as if earlier answers had measured its acceptance at rate 0.05 (believed
-a ~0.35; the emulator's truth, and the profile's code probe, 0.75), so code is
+a ~0.40; the emulator's truth, and the profile's code probe, 0.75), so code is
 first routed to the baseline and only exploration can find out; its
 acceptance estimates are printed against the emulator's truth. Its latency
 predictions are compared with what was measured (MAPE per route,
