@@ -1,23 +1,15 @@
 """Pure routing logic: request body + backend state -> decision and reason.
 
-No aiohttp and no I/O at decision time (DESIGN.md); the one exception is
-load_tiktoken_counter, which seeds tiktoken's cache once at start.
+No aiohttp and no I/O at decision time (docs/ARCHITECTURE.md); the one exception
+is load_tiktoken_counter, which seeds tiktoken's cache once at start.
 """
 
-from classifier.acceptance import AcceptancePriors
 from classifier.acceptance_model import (
     AcceptanceModel,
     AcceptanceRecord,
     ModelFileError,
     fit_acceptance_model,
     load_acceptance_model,
-)
-from classifier.costmodel import (
-    COST_MODEL_REASONS,
-    CostModelConfig,
-    CostModelPolicy,
-    Observation,
-    send_batch,
 )
 from classifier.features import (
     Endpoint,
@@ -26,7 +18,6 @@ from classifier.features import (
     Workload,
     extract_features,
 )
-from classifier.latency import LatencyParameters, LatencyPriors, RouteLoad
 from classifier.policy import (
     BackendState,
     Decision,
@@ -39,30 +30,29 @@ from classifier.policy import (
     RulesPolicy,
     StaticPolicy,
 )
+from classifier.profile import EngineProfile, ProfileError
+from classifier.router import PROFILED_REASONS, ProfiledPolicy, RouterConfig
 from classifier.tokens import TokenCounter, TokenizerUnavailable, load_tiktoken_counter
 
 __all__ = [
-    "COST_MODEL_REASONS",
+    "PROFILED_REASONS",
     "AcceptanceModel",
-    "AcceptancePriors",
     "AcceptanceRecord",
     "BackendState",
-    "CostModelConfig",
-    "CostModelPolicy",
     "Decision",
     "Endpoint",
+    "EngineProfile",
     "FeatureOptions",
     "FinishedRequest",
     "GuardsConfig",
-    "LatencyParameters",
-    "LatencyPriors",
     "LiveState",
     "ModelFileError",
-    "Observation",
     "Policy",
+    "ProfileError",
+    "ProfiledPolicy",
     "RequestFeatures",
     "Route",
-    "RouteLoad",
+    "RouterConfig",
     "RulesConfig",
     "RulesPolicy",
     "StaticPolicy",
@@ -73,5 +63,4 @@ __all__ = [
     "fit_acceptance_model",
     "load_acceptance_model",
     "load_tiktoken_counter",
-    "send_batch",
 ]

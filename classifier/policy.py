@@ -62,6 +62,9 @@ class BackendState:
     others: int | None = None
     # The gateway's requests in flight there, per workload (the carrier rule's mix).
     mix: tuple[tuple[Workload, int], ...] = ()
+    # The gateway's newest request there, numbered across all backends (0: none):
+    # the server a busy GPU's batch is heading to, while the other still drains.
+    last_start: int = 0
 
     @property
     def load(self) -> int:

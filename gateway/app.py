@@ -75,7 +75,7 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app.cleanup_ctx.append(_recorder)
     app.cleanup_ctx.append(_shadows)  # after the session and the outcome log: closed first
     app.cleanup_ctx.append(profiling.profile_ctx)  # after the session: stopped before it
-    app[RNG] = random.Random(config.routing.profiled.seed)
+    app[RNG] = random.Random(config.routing.tuning.seed)
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", handlers.models)

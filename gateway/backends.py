@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -51,6 +52,7 @@ class Upstream:
     inflight: int = 0
     prefill_tokens: int = 0  # prompts of streams sent here with no first token yet
     mix: dict[Workload, int] = field(default_factory=dict)  # in flight, by workload
+    last_start: int = 0  # the pool's sequence number of the newest request sent here
     healthy: bool = True  # may take new requests: probe OK and not ejected
     # Its process answers: the last /health probe said 200 and no connection
     # was refused since. An ejected endpoint can be reachable: it is the
@@ -167,6 +169,7 @@ def endpoints_state(upstreams: Sequence[Upstream], max_age_s: float) -> BackendS
         inflight=sum(u.inflight for u in upstreams),
         prefill_tokens=sum(u.prefill_tokens for u in upstreams),
         mix=_mix(upstreams),
+        last_start=max((u.last_start for u in upstreams), default=0),
         healthy=any(u.healthy for u in upstreams),
         running=int(sum(running)) if running else None,
         waiting=int(sum(waiting)) if waiting else None,
@@ -224,6 +227,7 @@ class BackendPool:
         self._eject_after = eject_after_failures
         self._eject_s = eject_s
         self._retries_inflight = 0
+        self._starts = itertools.count(1)  # requests sent, numbered across every endpoint
         self.probed = False  # the health prober has finished one round
         self._idle = asyncio.Event()  # nothing in flight anywhere: what a drain waits for
         self._idle.set()
@@ -299,6 +303,7 @@ class BackendPool:
         answer, whose first token the gateway never sees).
         """
         upstream.inflight += 1
+        upstream.last_start = next(self._starts)
         self._idle.clear()
         upstream.prefill_tokens += prefill_tokens
         gauge = self._metrics.inflight.labels(backend.route.value)

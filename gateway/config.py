@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from classifier.costmodel import CostModelConfig
 from classifier.features import FeatureOptions
 from classifier.policy import GuardsConfig, Route, RulesConfig
 from classifier.router import RouterConfig
@@ -77,14 +76,21 @@ class BackendConfig:
     # Name of the environment variable that holds this backend's API key; the
     # key itself never lives in config.toml.
     api_key_env: str = ""
-    # The speculative server's --speculative-config, as the cost model needs
-    # it: k proposed tokens per step and the draft's cost per token relative
-    # to one target step (ignored for the baseline).
-    num_speculative_tokens: int = 4
-    draft_cost_ratio: float = 0.1
     # Admission limit: requests in flight to this backend beyond which the
     # other backend answers (if it has room) or the client gets a fast 429.
     max_inflight: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeBackendConfig(BackendConfig):
+    """The speculative server: its --speculative-config as the router needs it. Only
+    this route has these keys, so a baseline that names them is a config error."""
+
+    # k proposed tokens per step: tokens per step = 1 + k x acceptance.
+    num_speculative_tokens: int = 4
+    # One draft token's cost / one target step; only the unprofiled prior uses it
+    # (the profile measures the speculative step itself).
+    draft_cost_ratio: float = 0.1
 
 
 class Pairing(enum.StrEnum):
@@ -96,7 +102,7 @@ class Pairing(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class BackendsConfig:
-    speculative: BackendConfig
+    speculative: SpeculativeBackendConfig
     baseline: BackendConfig
     # A host with N GPUs runs a pair per GPU: "by-index" pairs the routes' URLs
     # by position, and the gateway routes within the least loaded pair.
@@ -107,25 +113,20 @@ class BackendsConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class RoutingConfig:
-    policy: str = "profiled"
-    # Optional acceptance model from `specroute train` (JSON); "" = online only.
-    model_path: str = ""
-    guards: GuardsConfig = field(default_factory=GuardsConfig)  # every policy's
-    tokenizer: str = "cl100k_base"
-    # How a request is read (FeatureOptions): every policy sees the same features.
-    default_temperature: float = 1.0
-    default_output_tokens: int = 256
-    long_prompt_tokens: int = 2048
-    creative_min_temperature: float = 1.0
+class TuningConfig(RouterConfig):
+    """[routing.tuning]: the router's tuning, defaults in code (docs/tuning.md).
+
+    The decision rule's constants (RouterConfig's fields, each with its source),
+    how a request is read (every policy sees the same features), and the rules
+    comparator's thresholds. config.toml does not list them: a deployment sets
+    none of them unless a measurement says so.
+    """
+
+    default_temperature: float = 1.0  # what vLLM applies when a request gives none
+    default_output_tokens: int = 256  # expected answer length when max_tokens is absent
+    long_prompt_tokens: int = 2048  # prompts at least this long count as long_context
+    creative_min_temperature: float = 1.0  # an explicit temperature this high is creative
     rules: RulesConfig = field(default_factory=RulesConfig)
-    cost_model: CostModelConfig = field(default_factory=CostModelConfig)
-    # policy "profiled": the engine profile and what was learned on top of it.
-    profile: str = "at-start"  # at-start: measure both servers once they answer idle; off
-    profile_path: str = ""  # the profile's JSON file: reloaded when it names these servers
-    profile_budget_s: float = 600.0  # a profiling run's bound in wall time
-    state_path: str = ""  # what the profiled policy learned, kept across restarts
-    profiled: RouterConfig = field(default_factory=RouterConfig)
 
     @property
     def features(self) -> FeatureOptions:
@@ -135,6 +136,26 @@ class RoutingConfig:
             long_prompt_tokens=self.long_prompt_tokens,
             creative_min_temperature=self.creative_min_temperature,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    policy: str = "profiled"
+    # Optional acceptance model from `specroute train` (JSON): each request's prior
+    # acceptance before its key has measurements; "" = the profile's probes only.
+    model_path: str = ""
+    guards: GuardsConfig = field(default_factory=GuardsConfig)  # every policy's
+    tokenizer: str = "cl100k_base"
+    # The engine profile and what was learned on top of it.
+    profile: str = "at-start"  # at-start: measure both servers once they answer idle; off
+    profile_path: str = ""  # the profile's JSON file: reloaded when it names these servers
+    profile_budget_s: float = 600.0  # a profiling run's bound in wall time
+    state_path: str = ""  # what the router learned, kept across restarts
+    tuning: TuningConfig = field(default_factory=TuningConfig)
+
+    @property
+    def features(self) -> FeatureOptions:
+        return self.tuning.features
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,19 +225,8 @@ class Config:
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
 
 
-_POLICIES = ("profiled", "cost-model", "rules", "static-speculative", "static-baseline")
+_POLICIES = ("profiled", "rules", "static-speculative", "static-baseline")
 _PROFILE_MODES = ("at-start", "off")
-# Keys set elsewhere in the file: fields of a nested dataclass filled from
-# another key, and keys that moved (an old config names the new place).
-_SET_ELSEWHERE = {
-    "routing.cost_model.num_speculative_tokens": "backends.speculative.num_speculative_tokens",
-    "routing.cost_model.draft_cost_ratio": "backends.speculative.draft_cost_ratio",
-    "routing.rules.creative_min_temperature": "routing.creative_min_temperature",
-    "routing.rules.spec_max_inflight": "routing.guards.spec_max_inflight",
-    "routing.rules.spec_max_kv_usage": "routing.guards.spec_max_kv_usage",
-    "routing.cost_model.spec_max_inflight": "routing.guards.spec_max_inflight",
-    "routing.cost_model.spec_max_kv_usage": "routing.guards.spec_max_kv_usage",
-}
 _LEVELS = ("debug", "info", "warning", "error")
 _REDACTIONS = ("placeholders", "off")
 
@@ -262,9 +272,9 @@ def _check(cfg: Config) -> None:
         "upstream.scrape_interval_s": cfg.upstream.scrape_interval_s,
         "upstream.eject_after_failures": cfg.upstream.eject_after_failures,
         "upstream.eject_s": cfg.upstream.eject_s,
-        "routing.default_output_tokens": cfg.routing.default_output_tokens,
-        "routing.long_prompt_tokens": cfg.routing.long_prompt_tokens,
-        "routing.rules.prefill_ratio": cfg.routing.rules.prefill_ratio,
+        "routing.tuning.default_output_tokens": cfg.routing.tuning.default_output_tokens,
+        "routing.tuning.long_prompt_tokens": cfg.routing.tuning.long_prompt_tokens,
+        "routing.tuning.rules.prefill_ratio": cfg.routing.tuning.rules.prefill_ratio,
         "outcome_log.max_bytes": cfg.outcome_log.max_bytes,
         "record.max_bytes": cfg.record.max_bytes,
         "server.body_read_timeout_s": cfg.server.body_read_timeout_s,
@@ -277,10 +287,10 @@ def _check(cfg: Config) -> None:
             raise ConfigError(f"config: {key} must be > 0, got {value}")
     if cfg.server.port > 65535:
         raise ConfigError(f"config: server.port must be <= 65535, got {cfg.server.port}")
-    if not 0.0 <= cfg.routing.default_temperature <= 2.0:
-        raise ConfigError("config: routing.default_temperature must be within [0, 2]")
-    if not cfg.routing.creative_min_temperature >= 0.0:
-        raise ConfigError("config: routing.creative_min_temperature must be >= 0")
+    if not 0.0 <= cfg.routing.tuning.default_temperature <= 2.0:
+        raise ConfigError("config: routing.tuning.default_temperature must be within [0, 2]")
+    if not cfg.routing.tuning.creative_min_temperature >= 0.0:
+        raise ConfigError("config: routing.tuning.creative_min_temperature must be >= 0")
     if cfg.routing.policy not in _POLICIES:
         raise ConfigError(f"config: routing.policy must be one of {', '.join(_POLICIES)}")
     if cfg.routing.profile not in _PROFILE_MODES:
@@ -309,11 +319,12 @@ def _check(cfg: Config) -> None:
             raise ConfigError(f"config: backends.{route}.urls must list at least one URL")
         if backend.max_inflight < 1:
             raise ConfigError(f"config: backends.{route}.max_inflight must be >= 1")
-        if backend.num_speculative_tokens < 1 or backend.draft_cost_ratio < 0:
-            raise ConfigError(
-                f"config: backends.{route}: num_speculative_tokens must be >= 1"
-                " and draft_cost_ratio >= 0"
-            )
+    spec = cfg.backends.speculative
+    if spec.num_speculative_tokens < 1 or spec.draft_cost_ratio < 0:
+        raise ConfigError(
+            "config: backends.speculative: num_speculative_tokens must be >= 1"
+            " and draft_cost_ratio >= 0"
+        )
     check_pairs(cfg.backends)
 
 
@@ -334,10 +345,8 @@ def _build(cls: type[Any], raw: Any, path: str) -> Any:
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     for key in raw:
-        if (elsewhere := _SET_ELSEWHERE.get(_join(path, key))) is not None:
-            raise ConfigError(f"config: {_join(path, key)!r} is not set here: set {elsewhere!r}")
         if key not in known:
-            raise ConfigError(f"config: unknown key {_join(path, key)!r}")
+            raise ConfigError(f"config: unknown key {_join(path, key)!r}{_hint(cls, key)}")
     kwargs: dict[str, Any] = {}
     for name, fld in known.items():
         key = _join(path, name)
@@ -412,6 +421,15 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"config: {key} must be a string, got {value!r}")
         return value
     raise ConfigError(f"config: {key}: unsupported type {hint!r}")
+
+
+def _hint(cls: type[Any], key: str) -> str:
+    """A key another table holds: say which, rather than only "unknown"."""
+    if cls is BackendConfig and key in ("num_speculative_tokens", "draft_cost_ratio"):
+        return " (only backends.speculative has it)"
+    if cls is RoutingConfig and key in {f.name for f in dataclasses.fields(TuningConfig)}:
+        return f" (the router's tuning: routing.tuning.{key}, docs/tuning.md)"
+    return ""
 
 
 def _describe(hint: Any) -> str:

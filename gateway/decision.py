@@ -17,7 +17,6 @@ a refusal; the prompt never is.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 
@@ -25,8 +24,7 @@ from aiohttp import web
 
 from classifier.features import Endpoint, RequestFeatures
 from classifier.policy import Decision, LiveState, Policy, Route
-from classifier.router import ProfiledPolicy
-from classifier.speculation import acceptance_rate
+from classifier.speculation import acceptance_rate, alpha_from_rate
 from gateway.handlers import read_and_analyse
 from gateway.state import BACKENDS, RUNTIME
 
@@ -60,7 +58,7 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
             "predicted_s": _predicted(decision),
             "predicted_speedup": _speedup(decision),
             "why": dict(decision.why) if decision.why else None,
-            "acceptance": _believed(features, snapshot.policy, k),
+            "acceptance": _believed(features, snapshot.policy, decision, k),
             "features": dataclasses.asdict(features),
             "backends": {route.value: dataclasses.asdict(state.of(route)) for route in Route},
         }
@@ -68,22 +66,26 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
 
 
 def preview(policy: Policy, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
-    """policy.decide(features, state, pair) without touching `policy`. The profiled
-    policy's decide() is pure: called as it is, without a draw (its mean's answer).
-    The older cost model's is not, so it decides on a copy."""
-    if isinstance(policy, ProfiledPolicy):
-        return policy.decide(features, state, pair)
-    return copy.deepcopy(policy).decide(features, state, pair)
+    """policy.decide(features, state, pair) as a request would get it, without a draw
+    (the posterior mean's answer). decide() is pure for every policy: nothing to copy."""
+    return policy.decide(features, state, pair)
 
 
-def _believed(features: RequestFeatures, policy: Policy, k: int) -> dict[str, object]:
-    """The policy's acceptance for this workload: per position (a) and as vLLM counts it
-    (accepted / drafted tokens, what the page measures); None where it has no estimate."""
-    a = policy.estimated_acceptance().get(features.workload)
+def _believed(
+    features: RequestFeatures, policy: Policy, decision: Decision, k: int
+) -> dict[str, object]:
+    """The acceptance this decision used, as vLLM counts it (accepted / drafted tokens,
+    what the page measures) and per position (a); None where the policy holds none."""
+    used = (decision.why or {}).get("acceptance")
+    if isinstance(used, int | float):
+        rate: float | None = float(used)
+    else:
+        a = policy.estimated_acceptance().get(features.workload)
+        rate = None if a is None else acceptance_rate(a, k)
     return {
         "workload": features.workload.value,
-        "rate": None if a is None else round(acceptance_rate(a, k), 4),
-        "per_position": None if a is None else round(a, 4),
+        "rate": None if rate is None else round(rate, 4),
+        "per_position": None if rate is None else round(alpha_from_rate(rate, k), 4),
         "num_speculative_tokens": k,
     }
 

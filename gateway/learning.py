@@ -8,7 +8,6 @@ router believes next to what it measured.
 
 from __future__ import annotations
 
-from classifier.costmodel import CostModelPolicy
 from classifier.policy import Decision, Policy
 from classifier.router import ProfiledPolicy
 from gateway.record import Lesson, RequestRecord
@@ -39,10 +38,9 @@ def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:
 
 
 def learn_shadow(policy: Policy, metrics: Metrics, lesson: Lesson) -> None:
-    """A shadow copy's answer (gateway/shadow.py): the cost model learns it as a
-    paired observation (its acceptance, its route's latency fit) that covers its
-    workload and is not a user exploration; other policies learn it as any answer."""
-    if isinstance(policy, CostModelPolicy | ProfiledPolicy):
+    """A shadow copy's answer (gateway/shadow.py): the profiled policy learns it as a
+    measurement at no user's expense; other policies learn it as any answer."""
+    if isinstance(policy, ProfiledPolicy):
         policy.learn_shadow(lesson)
     else:
         policy.learn(lesson)

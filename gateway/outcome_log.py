@@ -40,6 +40,7 @@ def outcome_line(record: RequestRecord, *, include_prompt: bool) -> dict[str, An
         "route": route.value,
         "decided_route": decision.route.value,
         "reason": decision.reason,
+        "why": dict(decision.why) if decision.why else None,
         "failover_from": record.failover_from.value if record.failover_from else None,
         "predicted_s": (
             {r.value: round(s, 6) for r, s in decision.predicted_s.items()}

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from classifier.acceptance_model import AcceptanceModel, ModelFileError, load_acceptance_model
-from classifier.costmodel import CostModelPolicy
 from classifier.policy import Policy, Route, RulesPolicy, StaticPolicy
 from classifier.router import ProfiledPolicy
 from gateway.auth import Keys, load_keys
@@ -34,17 +33,12 @@ RELOADABLE = (
     "upstream.failover",
     "upstream.retry_budget_ratio",
     "upstream.retry_budget_min",
-    "routing.default_temperature",
-    "routing.default_output_tokens",
-    "routing.long_prompt_tokens",
-    "routing.creative_min_temperature",
-    # the policy: rebuilt from them (learned state starts over)
+    # the policy: rebuilt from them, keeping the profile and what it learned
+    # (carry_over), since the servers and the features' inputs are the same
     "routing.policy",
     "routing.model_path",
     "routing.guards",
-    "routing.rules",
-    "routing.cost_model",
-    "routing.profiled",
+    "routing.tuning",
     # read by the page's handler on every request
     "ui",
     # the gateway's keys: re-read (a reload is how they are rotated)
@@ -96,24 +90,17 @@ def build_policy(config: Config) -> Policy:
     if name == "profiled":
         spec = config.backends.speculative
         return ProfiledPolicy(
-            routing.profiled,
+            routing.tuning,
             k=spec.num_speculative_tokens,
             draft_cost_ratio=spec.draft_cost_ratio,
             guards=routing.guards,
+            model=load_model(routing.model_path),
         )
-    if name == "cost-model":
-        spec = config.backends.speculative
-        cost = replace(
-            routing.cost_model,
-            num_speculative_tokens=spec.num_speculative_tokens,
-            draft_cost_ratio=spec.draft_cost_ratio,
-        )
-        return CostModelPolicy(cost, load_model(routing.model_path), guards=routing.guards)
     if name == "static-speculative":
         return StaticPolicy(Route.SPECULATIVE)
     if name == "static-baseline":
         return StaticPolicy(Route.BASELINE)
-    return RulesPolicy(routing.rules, guards=routing.guards, features=routing.features)
+    return RulesPolicy(routing.tuning.rules, guards=routing.guards, features=routing.features)
 
 
 def load_model(path: str) -> AcceptanceModel | None:

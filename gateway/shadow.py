@@ -333,13 +333,9 @@ class ShadowRunner:
     # ---- what the pair looks like ---------------------------------------------------
 
     def _shared(self, pair: int) -> bool:
-        """One GPU for the pair: as the policy measured or was told; assumed otherwise."""
-        snapshot = self._runtime.current
-        shared = snapshot.policy.shared_gpu(pair)
-        if shared is None:
-            told = snapshot.config.routing.cost_model.shared_gpu
-            shared = told if isinstance(told, bool) else True
-        return shared
+        """One GPU for the pair: as the profile measured it; assumed until it is in."""
+        shared = self._runtime.current.policy.shared_gpu(pair)
+        return True if shared is None else shared
 
     def _pair_healthy(self, pair: int) -> bool:
         p = self._pool.pairs[pair]

@@ -28,7 +28,7 @@ RELAYS = web.AppKey("relays", Relays)  # answers in flight, for the drain to end
 RUNTIME = web.AppKey("runtime", Runtime)  # the reloadable part: config, policy, keys
 TOKENS = web.AppKey("tokens", TokenCounter)
 # The routing draws' one source (a policy that explores samples from it; seeded by
-# routing.profiled.seed, so a replay of the same requests draws the same).
+# routing.tuning.seed, so a replay of the same requests draws the same).
 RNG = web.AppKey("rng", random.Random)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 OUTCOME_LOG = web.AppKey("outcome_log", OutcomeLog)  # only set when configured

@@ -10,6 +10,7 @@ import pytest
 
 from classifier import Endpoint, TokenCounter, Workload, extract_features
 from classifier.policy import GuardsConfig, Route
+from classifier.router import RouterConfig
 from gateway.cli import resolve_config
 from gateway.config import ConfigError, Pairing, load_config, parse_config
 
@@ -20,7 +21,7 @@ BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http
 def test_shipped_config_toml_is_valid() -> None:
     config = load_config(ROOT / "config.toml")
     assert config.backends.speculative.urls == ("http://127.0.0.1:8001",)
-    assert config.routing.rules.default_route is Route.SPECULATIVE
+    assert config.routing.tuning.rules.default_route is Route.SPECULATIVE
     assert config.routing.guards == GuardsConfig(spec_max_inflight=16, spec_max_kv_usage=0.9)
 
 
@@ -39,8 +40,8 @@ def test_urls_are_normalised_with_or_without_v1() -> None:
         ({"backends": BACKENDS, "server": {"port": 0}}, "server.port must be > 0"),
         ({"backends": BACKENDS, "server": {"port": True}}, "server.port must be an integer"),
         (
-            {"backends": BACKENDS, "routing": {"rules": {"default_route": "fast"}}},
-            "routing.rules.default_route must be one of speculative, baseline",
+            {"backends": BACKENDS, "routing": {"tuning": {"rules": {"default_route": "fast"}}}},
+            "routing.tuning.rules.default_route must be one of speculative, baseline",
         ),
         ({"backends": BACKENDS, "routing": {"policy": "magic"}}, "routing.policy must be one of"),
         (
@@ -67,20 +68,54 @@ def test_bad_config_fails_with_the_key_named(raw: dict[str, object], message: st
 
 
 @pytest.mark.parametrize(
-    ("old", "new"),
+    ("raw", "message"),
     [
-        ("rules.spec_max_inflight", "routing.guards.spec_max_inflight"),
-        ("rules.spec_max_kv_usage", "routing.guards.spec_max_kv_usage"),
-        ("cost_model.spec_max_inflight", "routing.guards.spec_max_inflight"),
-        ("cost_model.spec_max_kv_usage", "routing.guards.spec_max_kv_usage"),
-        ("rules.creative_min_temperature", "routing.creative_min_temperature"),
+        (
+            {
+                "backends": {
+                    **BACKENDS,
+                    "baseline": {"urls": ["http://b"], "num_speculative_tokens": 4},
+                }
+            },
+            "config: unknown key 'backends.baseline.num_speculative_tokens' (only backends.speculative has it)",
+        ),
+        (
+            {"backends": {**BACKENDS, "baseline": {"urls": ["http://b"], "draft_cost_ratio": 0.1}}},
+            "config: unknown key 'backends.baseline.draft_cost_ratio' (only backends.speculative has it)",
+        ),
+        (
+            {"backends": BACKENDS, "routing": {"explore_max_regret": 0.1}},
+            "config: unknown key 'routing.explore_max_regret' (the router's tuning: routing.tuning.explore_max_regret, docs/tuning.md)",
+        ),
+        (
+            {"backends": BACKENDS, "routing": {"default_temperature": 0.7}},
+            "config: unknown key 'routing.default_temperature' (the router's tuning: routing.tuning.default_temperature, docs/tuning.md)",
+        ),
+        (
+            {"backends": BACKENDS, "routing": {"cost_model": {"explore_share": 0.1}}},
+            "config: unknown key 'routing.cost_model'",
+        ),
     ],
 )
-def test_a_moved_key_names_its_new_place(old: str, new: str) -> None:
-    table, key = old.split(".")
+def test_a_key_a_route_or_table_ignores_is_an_error(raw: dict[str, object], message: str) -> None:
+    """A key that would be accepted and silently ignored is refused, naming where it lives."""
     with pytest.raises(ConfigError) as exc:
-        parse_config({"backends": BACKENDS, "routing": {table: {key: 1}}})
-    assert str(exc.value) == f"config: 'routing.{old}' is not set here: set {new!r}"
+        parse_config(raw)
+    assert str(exc.value) == message
+
+
+def test_the_tuning_table_overrides_the_defaults_in_code() -> None:
+    cfg = parse_config(
+        {
+            "backends": BACKENDS,
+            "routing": {"tuning": {"switch_margin": 0.1, "rules": {"prefill_ratio": 4.0}}},
+        }
+    )
+    assert cfg.routing.tuning.switch_margin == 0.1
+    assert cfg.routing.tuning.rules.prefill_ratio == 4.0
+    assert cfg.routing.tuning.explore_max_regret == RouterConfig().explore_max_regret
+    with pytest.raises(ConfigError, match="switch_margin"):
+        parse_config({"backends": BACKENDS, "routing": {"tuning": {"switch_margin": 1.5}}})
 
 
 @pytest.mark.parametrize(
@@ -101,20 +136,22 @@ def test_guards_are_validated_with_the_key_named(guards: dict[str, object], key:
 
 
 def test_creative_threshold_reaches_feature_extraction(tokens: TokenCounter) -> None:
-    """routing.creative_min_temperature sets the workload every policy sees (it was
+    """routing.tuning.creative_min_temperature sets the workload every policy sees (it was
     read by the rules' temperature rule only; extract_features kept its default)."""
 
     def workload(threshold: float) -> Workload:
         config = parse_config(
-            {"backends": BACKENDS, "routing": {"creative_min_temperature": threshold}}
+            {"backends": BACKENDS, "routing": {"tuning": {"creative_min_temperature": threshold}}}
         )
         body = {"messages": [{"role": "user", "content": "A poem"}], "temperature": 1.2}
         return extract_features(body, Endpoint.CHAT, tokens, config.routing.features).workload
 
     assert workload(1.5) is Workload.CHAT
     assert workload(1.0) is Workload.CREATIVE
-    with pytest.raises(ConfigError, match=r"routing\.creative_min_temperature must be >= 0"):
-        parse_config({"backends": BACKENDS, "routing": {"creative_min_temperature": -1}})
+    with pytest.raises(ConfigError, match=r"routing\.tuning\.creative_min_temperature must be >= 0"):
+        parse_config(
+            {"backends": BACKENDS, "routing": {"tuning": {"creative_min_temperature": -1}}}
+        )
 
 
 def test_bad_toml_file(tmp_path: Path) -> None:

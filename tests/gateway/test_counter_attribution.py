@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 
 from classifier.attribution import DecodeLog
 from classifier.features import Workload
+from classifier.router import ProfiledPolicy
 from gateway.acceptance_sources import AcceptanceSources
 from gateway.app import create_app
 from gateway.backends import BackendPool, Upstream
@@ -81,9 +82,10 @@ async def test_one_request_in_flight_is_exact_and_feeds_later_answers(
     gateway_for: GatewayFactory, spec_upstream: FakeUpstream
 ) -> None:
     spec_upstream.metrics_text = spec_metrics(0, 0)
-    gateway = await gateway_for(**QUIET, routing={"policy": "cost-model"})
+    gateway = await gateway_for(**QUIET, routing={"policy": "profiled"})
     policy = gateway.app[RUNTIME].current.policy
-    before = policy.estimated_acceptance()[Workload.CHAT]
+    assert isinstance(policy, ProfiledPolicy)
+    assert Workload.CHAT not in policy.acceptance_beliefs()  # no probe, no answer yet
     await attribute_one_window(gateway, spec_upstream, 4000, 3000, chat("hi"))
 
     m = samples(await (await gateway.get("/metrics")).text())
@@ -113,8 +115,9 @@ async def test_one_request_in_flight_is_exact_and_feeds_later_answers(
     assert m[("specroute_spec_acceptance_rate_count", key)] >= 2
     assert m[("specroute_acceptance_source", (("source", COUNTER_ATTRIBUTION),))] == 1
     assert m[("specroute_acceptance_source", (("source", UNKNOWN),))] == 0
-    # The router learned from it: chat's acceptance left its prior, upwards.
-    assert policy.estimated_acceptance()[Workload.CHAT] > before
+    # The router learned from it: chat's acceptance left its neutral prior (0.5), upwards.
+    rate, _, measured = policy.acceptance_beliefs()[Workload.CHAT]
+    assert rate > 0.5 and measured > 0
     ready = await (await gateway.get("/ready")).json()
     assert ready["per_request_metrics"] is False
     assert ready["acceptance_source"] == COUNTER_ATTRIBUTION

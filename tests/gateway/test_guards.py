@@ -1,5 +1,5 @@
 """[routing.guards]: one table, one default, and every policy the config builds obeys it
-(the rules and the cost model each had their own copy, 8 and 16)."""
+(the rules and the earlier cost model each had their own copy, 8 and 16)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gateway.config import parse_config
 from gateway.runtime import build_policy
 
 BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2"]}}
-POLICIES = ("rules", "cost-model", "profiled")
+POLICIES = ("rules", "profiled")
 STRUCTURED = RequestFeatures(
     endpoint=Endpoint.CHAT,
     structured=True,
@@ -28,7 +28,7 @@ STRUCTURED = RequestFeatures(
 
 
 def reason(policy: str, spec: BackendState, **guards: object) -> str:
-    routing = {"policy": policy, "guards": guards, "cost_model": {"explore_share": 0.0}}
+    routing = {"policy": policy, "guards": guards}
     built = build_policy(parse_config({"backends": BACKENDS, "routing": routing}))
     return built.decide(STRUCTURED, LiveState(spec, BackendState())).reason
 
@@ -51,16 +51,13 @@ def test_every_policy_reads_the_guards_table(policy: str) -> None:
 
 @pytest.mark.parametrize(("limit", "carrier"), [(4, Route.BASELINE), (16, Route.SPECULATIVE)])
 def test_the_busy_gpus_carrier_respects_the_guard(limit: int, carrier: Route) -> None:
-    """The cost model also sizes its one-GPU carrier by spec_max_inflight: after a
-    stretch of 8 in flight, the speculative server is a carrier only if the guard
-    would let it hold 8."""
-    routing = {
-        "policy": "cost-model",
-        "guards": {"spec_max_inflight": limit},
-        "cost_model": {"explore_share": 0.0},
-    }
+    """One busy shared GPU: the batch moves to the speculative server (cheaper per token
+    on the built-in prior) only if the guard would let it hold the whole batch (8)."""
+    routing = {"policy": "profiled", "guards": {"spec_max_inflight": limit}}
     policy = build_policy(parse_config({"backends": BACKENDS, "routing": routing}))
-    for _ in range(50):
-        policy.decide(STRUCTURED, LiveState(BackendState(), BackendState(inflight=7)))
-    after_lull = LiveState(BackendState(inflight=1), BackendState())
-    assert policy.decide(STRUCTURED, after_lull).route is carrier
+    busy_baseline = LiveState(BackendState(), BackendState(inflight=7))
+    decision = policy.decide(STRUCTURED, busy_baseline)
+    assert decision.route is carrier
+    assert decision.why["rule"] == (
+        "carrier-holds" if carrier is Route.BASELINE else "carrier-cheaper"
+    )

@@ -11,17 +11,11 @@ EMULATOR = EmulatorConfig(mode="speculative", model=MODEL)
 
 
 def test_the_gateway_is_not_told_the_topology() -> None:
-    """It measures whether the two servers share a GPU: local_stack leaves the default."""
+    """It measures whether the two servers share a GPU (the profile's overlap):
+    local_stack passes the routing table through and adds nothing to it."""
     config = gateway_config("http://s", "http://b", EMULATOR, routing={"policy": "rules"})
-    assert config.routing.cost_model.shared_gpu == "auto"
-    assert config.routing.policy == "rules"  # other routing settings are kept
-
-
-def test_an_explicit_setting_wins() -> None:
-    config = gateway_config(
-        "http://s", "http://b", EMULATOR, routing={"cost_model": {"shared_gpu": True}}
-    )
-    assert config.routing.cost_model.shared_gpu is True
+    assert config.routing.policy == "rules"
+    assert config.routing.tuning == gateway_config("http://s", "http://b", EMULATOR).routing.tuning
 
 
 async def test_only_one_or_two_gpus() -> None:

@@ -7,6 +7,7 @@ and off) are in benchmarks/shadow.py; these tests count events, so they do not f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from pathlib import Path
@@ -17,6 +18,7 @@ import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from classifier.router import ProfiledPolicy, prior_profile
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import ConfigError, ShadowConfig, parse_config
@@ -276,8 +278,12 @@ async def test_with_a_gpu_each_only_a_request_to_the_shadows_server_cancels_it(
     gateway_for: GatewayFactory, base_upstream: FakeUpstream
 ) -> None:
     base_upstream.chunk_delay_s = 1.0
-    separate = {"policy": "rules", "cost_model": {"shared_gpu": False}}
-    gateway = await gateway_for(shadow=SHARE_ALL, routing=separate)
+    gateway = await gateway_for(shadow=SHARE_ALL, routing={"policy": "profiled"})
+    policy = gateway.app[RUNTIME].current.policy
+    assert isinstance(policy, ProfiledPolicy)
+    apart = dataclasses.replace(prior_profile(4, 0.1), overlap=0.0, source="test")
+    policy.use_profile(apart)  # as profiled: a GPU each
+    assert policy.shared_gpu() is False
     await (await gateway.post("/v1/chat/completions", json=STRUCTURED)).read()
     await wait_until(base_upstream.arrived.is_set, "the shadow to reach the baseline")
     to_spec = {"x-specroute-route": "speculative"}

@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 
-from classifier.costmodel import CostModelPolicy
+from classifier.router import ProfiledPolicy
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import UiConfig, parse_config
@@ -122,9 +122,10 @@ async def test_with_auth_the_page_loads_and_everything_it_reads_needs_a_key(
 async def test_a_dry_run_forwards_nothing_and_leaves_the_policy_as_it_was(
     gateway_for: GatewayFactory, spec_upstream: FakeUpstream, base_upstream: FakeUpstream
 ) -> None:
-    gateway = await gateway_for(routing={"policy": "cost-model"})
+    gateway = await gateway_for(routing={"policy": "profiled"})
     policy = gateway.app[RUNTIME].current.policy
-    assert isinstance(policy, CostModelPolicy)
+    assert isinstance(policy, ProfiledPolicy)
+    learned = policy.state_to_json()
     decisions = gateway.app[METRICS].decisions
     for _ in range(3):
         resp = await gateway.post("/decide/v1/chat/completions", json=STRUCTURED)
@@ -132,11 +133,11 @@ async def test_a_dry_run_forwards_nothing_and_leaves_the_policy_as_it_was(
         got = await resp.json()
     conforms(got, "Decision")
     assert spec_upstream.received == [] and base_upstream.received == []
-    assert policy.explore_counts() == (0, 0)  # decide() never ran on the live policy
+    assert policy.state_to_json() == learned  # decide() wrote nothing
     assert list(decisions.collect()[0].samples) == []
     assert got["object"] == "specroute.decision" and got["forwarded"] is False
-    assert got["policy"] == "cost-model"
-    assert got["route"] == "speculative" and got["reason"] == "spec-predicted-faster"
+    assert got["policy"] == "profiled"
+    assert got["route"] == "speculative" and got["reason"] == "unprofiled"  # fakes: no profile
     predicted = got["predicted_s"]
     assert set(predicted) == {"speculative", "baseline"}
     assert got["predicted_speedup"] == pytest.approx(
@@ -154,7 +155,7 @@ async def test_a_dry_run_forwards_nothing_and_leaves_the_policy_as_it_was(
     assert real.status == 200
     assert real.headers["x-specroute-route"] == got["route"]
     assert real.headers["x-specroute-reason"] == got["reason"]
-    assert policy.explore_counts()[1] == 1
+    assert policy.state_to_json() != learned  # the real one taught the policy
 
 
 async def test_a_dry_run_of_a_completion_under_the_rules_has_no_predictions(

@@ -164,10 +164,10 @@ def scrape(http: aiohttp.ClientSession) -> Callable[[str], Awaitable[Scrape]]:
 
 
 @pytest.fixture
-async def cost_model_gateway(backends: Backends) -> AsyncIterator[str]:
-    """The earlier cost model (policy "cost-model"), told only the URLs and k = 4 (up.sh's).
-    Shadow copies off: these tests compare vLLM's counters over windows that must
-    hold their own requests only (tests/vllm/test_shadow_real_vllm.py has them on)."""
+async def quiet_gateway(backends: Backends) -> AsyncIterator[str]:
+    """A gateway that sends nothing of its own: no start-up profile (policy "rules"),
+    no shadow copies. These tests compare vLLM's counters over windows that must hold
+    their own requests only (tests/vllm/test_shadow_real_vllm.py has shadows on)."""
     config = parse_config(
         {
             "backends": {
@@ -176,7 +176,7 @@ async def cost_model_gateway(backends: Backends) -> AsyncIterator[str]:
             },
             "upstream": {"scrape_interval_s": 0.5},
             "shadow": {"enabled": False},
-            "routing": {"policy": "cost-model"},
+            "routing": {"policy": "rules"},
         }
     )
     runner, url = await serve_app(create_app(config, tokens=load_tiktoken_counter()))

@@ -22,7 +22,7 @@ from gateway.shadow_copy import shadow_body
 from gateway.shadow_results import shadow_log_path
 from tests.support import wait_until
 from tests.vllm.conftest import parse_metrics
-from tests.vllm.test_costmodel_real_vllm import repeat_code
+from tests.vllm.prompts import repeat_code
 from tooling.local_stack import serve_app
 
 pytestmark = pytest.mark.vllm

@@ -1,23 +1,15 @@
-"""acceptance.py and acceptance_model.py: online estimates, back-off, and the model file."""
+"""acceptance_model.py: the offline model `specroute train` fits, and its file."""
 
 from __future__ import annotations
 
 import json
-import math
 import random
 from typing import Any
 
 import pytest
-from costmodel_sim import features
+from pair_sim import features
 
 from classifier import Workload
-from classifier.acceptance import (
-    NEUTRAL_ACCEPTANCE,
-    AcceptanceEstimator,
-    AcceptancePriors,
-    prompt_bucket,
-    temperature_bucket,
-)
 from classifier.acceptance_model import (
     FEATURE_NAMES,
     SCHEMA,
@@ -29,102 +21,8 @@ from classifier.acceptance_model import (
     load_acceptance_model,
 )
 from classifier.speculation import acceptance_rate
-from tooling.emulator.config import EmulatorConfig
 
 K = 4
-PRIORS = AcceptancePriors()
-
-
-def chat(temperature: float = 0.7, prompt: int = 300, code_like: bool = False) -> Any:
-    return features(Workload.CHAT, prompt, 200, temperature, code_like=code_like)
-
-
-def test_buckets() -> None:
-    assert [temperature_bucket(t) for t in (0.0, 0.05, 0.2, 0.5, 0.7, 1.0, 1.3)] == [
-        0,
-        0,
-        1,
-        1,
-        2,
-        2,
-        3,
-    ]
-    assert [prompt_bucket(n) for n in (0, 255, 256, 1023, 1024, 4095, 4096)] == [
-        0,
-        0,
-        1,
-        1,
-        2,
-        2,
-        3,
-    ]
-
-
-def test_default_priors_are_neutral_and_not_the_emulators_truth() -> None:
-    """Two sources that must differ: the router's priors are one neutral value
-    (classifier/acceptance.py), the emulator's truth is CALIBRATION.md's per-kind
-    levels. A learning result that holds only where they agree shows nothing."""
-    assert {PRIORS.of(w) for w in Workload} == {NEUTRAL_ACCEPTANCE}
-    emulator = EmulatorConfig(mode="speculative")
-    truth = {
-        Workload.STRUCTURED: emulator.acceptance_structured,
-        Workload.CODE: emulator.acceptance_code,
-        Workload.CHAT: emulator.acceptance_chat,
-        Workload.CREATIVE: emulator.acceptance_creative,
-    }
-    gaps = {w: round(PRIORS.of(w) - a, 9) for w, a in truth.items()}
-    assert all(abs(gap) >= 0.1 for gap in gaps.values()), gaps
-    assert min(gaps.values()) <= -0.2 and max(gaps.values()) >= 0.2, gaps
-
-
-def test_starts_at_the_config_prior() -> None:
-    est = AcceptanceEstimator(AcceptancePriors(chat=0.42), K)
-    assert est.predict(chat()) == 0.42
-    assert est.by_workload()[Workload.CHAT] == 0.42
-    assert est.samples()[Workload.CHAT] == 0.0
-
-
-@pytest.mark.parametrize("truth", [0.1, 0.45, 0.9])
-def test_converges_per_workload_from_a_wrong_prior(truth: float) -> None:
-    rng = random.Random(1)
-    est = AcceptanceEstimator(AcceptancePriors(chat=0.5, creative=0.5), K)
-    for _ in range(300):
-        alpha = min(1.0, max(0.0, truth + rng.uniform(-0.05, 0.05)))
-        rate = acceptance_rate(alpha, K) + rng.gauss(0, 0.03)  # vLLM's accepted / proposed
-        est.observe(chat(rng.choice((0.2, 0.7, 1.0)), rng.randint(10, 3000)), rate)
-    assert est.by_workload()[Workload.CHAT] == pytest.approx(truth, abs=0.05)
-    assert est.predict(chat()) == pytest.approx(truth, abs=0.05)
-    assert est.by_workload()[Workload.CREATIVE] == 0.5  # other workloads untouched
-
-
-def test_fine_keys_learn_their_own_value_and_back_off_when_sparse() -> None:
-    est = AcceptanceEstimator(PRIORS, K)
-    for _ in range(400):  # greedy chat accepts far more than warm chat
-        est.observe(chat(0.0), acceptance_rate(0.9, K))
-        est.observe(chat(0.9), acceptance_rate(0.3, K))
-    assert est.predict(chat(0.0)) == pytest.approx(0.9, abs=0.03)
-    assert est.predict(chat(0.9)) == pytest.approx(0.3, abs=0.03)
-    # An unseen fine key (above-1 temperature) falls back to the workload's level.
-    assert est.predict(chat(1.5)) == pytest.approx(est.by_workload()[Workload.CHAT], abs=1e-9)
-    # One sample in a new prompt bucket moves it only part of the way.
-    long = chat(0.0, prompt=5000)
-    est.observe(long, acceptance_rate(0.1, K))
-    assert 0.6 < est.predict(long) < 0.9
-
-
-def test_ignores_nonsense() -> None:
-    est = AcceptanceEstimator(PRIORS, K)
-    for bad in (math.nan, math.inf):
-        est.observe(chat(), bad)
-    est.observe(chat(), 0.5, weight=0.0)
-    assert est.samples()[Workload.CHAT] == 0.0
-
-
-def test_priors_are_validated() -> None:
-    with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        AcceptancePriors(code=1.2)
-    with pytest.raises(ValueError, match="prior_weight"):
-        AcceptancePriors(prior_weight=0)
 
 
 # ---- offline model -------------------------------------------------------------------
@@ -185,14 +83,6 @@ def test_inference_is_the_dot_product() -> None:
     )
 
 
-def test_estimator_uses_the_model_as_its_base_and_corrects_it() -> None:
-    model = AcceptanceModel(coefficients=(0.0,) * len(FEATURE_NAMES), intercept=0.3)
-    est = AcceptanceEstimator(PRIORS, K, model)
-    assert est.predict(chat()) == pytest.approx(0.3)
-    for _ in range(300):
-        est.observe(chat(), acceptance_rate(0.6, K))
-    assert est.predict(chat()) == pytest.approx(0.6, abs=0.03)
-    assert est.by_workload()[Workload.CHAT] == pytest.approx(0.6, abs=0.03)
 
 
 def good_doc() -> dict[str, Any]:

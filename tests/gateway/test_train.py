@@ -1,4 +1,4 @@
-"""The cost-model policy inside the gateway: predictions, learning, the trained model file."""
+"""`specroute train` and the model file the profiled policy takes its acceptance prior from."""
 
 from __future__ import annotations
 
@@ -8,38 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from classifier import COST_MODEL_REASONS
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.cli import main
 from gateway.config import ConfigError
-from tests.gateway.conftest import GatewayFactory, make_config
-from tests.gateway.test_observability import samples
-from tests.gateway.test_routing import chat
-
-STRUCTURED = chat(
-    "JSON please", temperature=0, response_format={"type": "json_object"}, stream=True
-)
-
-
-async def test_cost_model_predicts_both_routes_and_learns(gateway_for: GatewayFactory) -> None:
-    client = await gateway_for(
-        routing={"policy": "cost-model", "cost_model": {"explore_share": 0.0}}
-    )
-    resp = await client.post("/v1/chat/completions", json=STRUCTURED)
-    assert resp.status == 200
-    await resp.read()
-    assert resp.headers["x-specroute-reason"] in COST_MODEL_REASONS
-    predicted = dict(p.split("=") for p in resp.headers["x-specroute-predicted"].split(";"))
-    assert set(predicted) == {"speculative", "baseline"}
-    assert all(float(v) > 0 for v in predicted.values())
-    # structured at temperature 0: the priors predict speculation pays
-    assert float(predicted["speculative"]) < float(predicted["baseline"])
-    assert resp.headers["x-specroute-route"] == "speculative"
-
-    m = samples(await (await client.get("/metrics")).text())
-    assert m[("specroute_latency_prediction_ratio_count", (("route", "speculative"),))] == 1
-    assert 0 < m[("specroute_estimated_acceptance", (("workload", "structured"),))] <= 1
+from tests.gateway.conftest import make_config
 
 
 def _outcome_lines(n: int) -> list[str]:
@@ -85,7 +58,7 @@ def test_train_writes_a_model_the_gateway_loads(
     config = make_config(
         "http://127.0.0.1:1",
         "http://127.0.0.1:2",
-        routing={"policy": "cost-model", "model_path": str(model)},
+        routing={"policy": "profiled", "model_path": str(model)},
     )
     create_app(config, tokens=tokens)  # loads without error
 
@@ -107,7 +80,7 @@ def test_a_bad_model_file_is_a_clear_startup_error(
     config = make_config(
         "http://127.0.0.1:1",
         "http://127.0.0.1:2",
-        routing={"policy": "cost-model", "model_path": str(model)},
+        routing={"policy": "profiled", "model_path": str(model)},
     )
     with pytest.raises(ConfigError, match=message):
         create_app(config, tokens=tokens)
