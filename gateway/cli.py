@@ -2,7 +2,9 @@
 
 Only `serve` is production code; every other command lives in tooling/ and is
 imported only when it runs, so the gateway starts without the bench, the
-emulator, scikit-learn or matplotlib.
+emulator, scikit-learn or matplotlib. tooling/ is its own distribution,
+specroute-tools (tooling/pyproject.toml); without it those commands say how to
+get it and exit 2.
 """
 
 from __future__ import annotations
@@ -62,10 +64,26 @@ _TOOLS = {
 }
 
 
+def _tooling_missing(command: str, exc: ModuleNotFoundError) -> int:
+    """Exit status 2 and how to get tooling, when `exc` is tooling itself not installed
+    (specroute-tools); any other missing module (scikit-learn, say) is raised as it is."""
+    if exc.name != "tooling" and not (exc.name or "").startswith("tooling."):
+        raise exc
+    print(
+        f"specroute {command}: needs specroute-tools (the tooling package), which is not "
+        "installed; from a specroute checkout: pip install ./tooling",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["emulate"]:  # its own parser: every knob of the emulator is a flag
-        from tooling.emulator import main as emulate
+        try:
+            from tooling.emulator import main as emulate
+        except ModuleNotFoundError as exc:
+            return _tooling_missing("emulate", exc)
 
         return emulate(argv[1:])
     parser = argparse.ArgumentParser(prog="specroute", description=__doc__.split("\n\n")[0])
@@ -90,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, (module, help_text, description) in _TOOLS.items():
         sub = commands.add_parser(name, help=help_text, description=description or help_text)
         if argv[:1] == [name]:
-            tool = cast(_Command, importlib.import_module(module))
+            try:
+                tool = cast(_Command, importlib.import_module(module))
+            except ModuleNotFoundError as exc:
+                return _tooling_missing(name, exc)
             tool.add_arguments(sub)
     args = parser.parse_args(argv)
     try:
@@ -194,7 +215,10 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.serve import serve
 
     if args.emulate:
-        from tooling.local_stack import serve_emulated
+        try:
+            from tooling.local_stack import serve_emulated
+        except ModuleNotFoundError as exc:
+            return _tooling_missing("serve --emulate", exc)
 
         configure_logging("info")
         asyncio.run(serve_emulated(args.host or "127.0.0.1", args.port or 8080, time_scale=1.0))
