@@ -78,7 +78,7 @@ elif command -v specroute >/dev/null; then
 elif [[ -x "$repo/.venv/bin/specroute" ]]; then
     specroute_cmd=("$repo/.venv/bin/specroute")
 else
-    die "specroute not found: install it (pip install -e .) or set SPECROUTE"
+    die "specroute not found: install it (pip install -e . -e ./tooling: bench is specroute-tools) or set SPECROUTE"
 fi
 read -r -a vllm_cmd <<<"${VLLM:-vllm}"
 
