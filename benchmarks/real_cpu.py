@@ -1,4 +1,4 @@
-"""Real vLLM on 2 CPU cores: the cost model, rules, both static routes, dynamic SD and the oracle.
+"""Real vLLM on 2 CPU cores: the profiled gateway, rules, static routes, dynamic SD, the oracle.
 
     .venv/bin/python benchmarks/real_cpu.py --start          # starts and stops the pair (~15 min)
     .venv/bin/python benchmarks/real_cpu.py                  # a pair already up (env below)
@@ -31,8 +31,14 @@ per workload, one at a time, so the table shows what it learned, not its
 priors. Concurrency 1 runs each workload on its own (vLLM's counters then give
 acceptance per workload exactly); 2 and 4 run them mixed.
 
-With --start it runs deploy/cpu/up.sh --dynamic default in its own run dir and
-always stops it; otherwise SPECROUTE_VLLM_BACKENDS ("speculative=URL,baseline=URL")
+With --start it runs deploy/cpu/up.sh --dynamic default in its own run dir,
+with vLLM's prefix cache off unless --prefix-caching (the targets answer the
+same prompts one after another: with the cache on, a later target found the
+earlier targets' prompts cached, and the gateway, 4th, answered HumanEval in
+0.51x the oracle's time on 2026-12-02), and always stops it. --repeats runs
+the whole measurement again with the targets' order rotated, and prints each
+repeat's gateway / better static and gateway / oracle, per load, for the
+spread; otherwise SPECROUTE_VLLM_BACKENDS ("speculative=URL,baseline=URL")
 and SPECROUTE_VLLM_DYNAMIC (URL) name the servers (deploy/cpu/run_tier.sh's).
 """
 
@@ -105,8 +111,10 @@ def write_jsonl(path: Path, lines: list[dict[str, Any]]) -> Path:
     return path
 
 
-def start_pair(run_dir: Path) -> tuple[dict[str, str], str]:
+def start_pair(run_dir: Path, prefix_caching: bool) -> tuple[dict[str, str], str]:
     up = [str(ROOT / "deploy/cpu/up.sh"), "--dynamic", "default", "--run-dir", str(run_dir)]
+    if not prefix_caching:
+        up += ["--", "--no-enable-prefix-caching"]
     lines = subprocess.run(["bash", *up], check=True, text=True, stdout=subprocess.PIPE).stdout
     urls = dict(line.split("=", 1) for line in lines.split() if "=" in line)
     dynamic = (run_dir / "dynamic").read_text().strip().split("=", 1)[1]
@@ -162,7 +170,7 @@ async def believed(http: aiohttp.ClientSession, url: str) -> str:
     return ", ".join(parts) or "nothing measured"
 
 
-def summarize(docs: list[dict[str, Any]]) -> str:
+def summarize(docs: list[dict[str, Any]], targets: list[str]) -> str:
     """Mean e2e per target and workload, and each target / the oracle, per load level."""
     by_load: dict[str, dict[str, dict[Any, dict[str, float]]]] = defaultdict(
         lambda: defaultdict(dict)
@@ -190,25 +198,25 @@ def summarize(docs: list[dict[str, Any]]) -> str:
         "mean e2e (s) per target; '/orc' = that target's mean / the oracle's",
     ]
     head = f"{'load':5} {'workload':13} {'n':>3} {'acc spec':>8} {'acc dyn':>7} " + " ".join(
-        f"{t[:8]:>8}" for t in (*TARGETS, "oracle")
+        f"{t[:8]:>8}" for t in (*targets, "oracle")
     )
-    lines.append(head + "   " + " ".join(f"{t[:4] + '/orc':>9}" for t in TARGETS))
+    lines.append(head + "   " + " ".join(f"{t[:4] + '/orc':>9}" for t in targets))
     for load, workloads in by_load.items():
         everything: dict[Any, dict[str, float]] = {}
         for wl in [*WORKLOADS, "all"]:
             reqs = everything if wl == "all" else workloads.get(wl, {})
             if wl != "all":
                 everything.update({(wl, k): v for k, v in reqs.items()})
-            full = [v for v in reqs.values() if all(t in v for t in TARGETS)]
+            full = [v for v in reqs.values() if all(t in v for t in targets)]
             if not full:
                 continue
-            means = {t: statistics.fmean(v[t] for v in full) for t in TARGETS}
+            means = {t: statistics.fmean(v[t] for v in full) for t in targets}
             means["oracle"] = statistics.fmean(min(v["baseline"], v["speculative"]) for v in full)
             acc_s = acceptance.get((wl, "speculative"), "-") if load == "c=1" else "-"
             acc_d = acceptance.get((wl, "dynamic"), "-") if load == "c=1" else "-"
             row = f"{load:5} {wl:13} {len(full):3d} {acc_s:>8} {acc_d:>7} "
-            row += " ".join(f"{means[t]:8.3f}" for t in (*TARGETS, "oracle"))
-            row += "   " + " ".join(f"{means[t] / means['oracle']:9.3f}" for t in TARGETS)
+            row += " ".join(f"{means[t]:8.3f}" for t in (*targets, "oracle"))
+            row += "   " + " ".join(f"{means[t] / means['oracle']:9.3f}" for t in targets)
             lines.append(row)
     lines.append(
         "gateway routes (spec/base): "
@@ -226,6 +234,8 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], dynamic: str, 
     gateways = {}
     runners = []
     for name, policy in (("gateway", "profiled"), ("rules", "rules")):
+        if name not in args.targets:
+            continue
         config = gateway_config(urls, policy, args.profile)
         runner, url = await serve_app(create_app(config, tokens=tokens))
         runners.append(runner)
@@ -245,31 +255,20 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], dynamic: str, 
                 print(f"  believed acceptance: {await believed(http, url)}", flush=True)
             docs = []
             measured = requests(args.per_workload, args.max_tokens, "measured")
-            targets = {
+            every = {
                 "baseline": urls["baseline"],
                 "speculative": urls["speculative"],
                 "dynamic": dynamic,
                 **gateways,
             }
-            for c in args.concurrency:
-                # c=1: one workload at a time, so vLLM's counters give its acceptance.
-                groups = (
-                    [[x for x in measured if x["workload"] == w] for w in WORKLOADS]
-                    if c == 1
-                    else [measured]
-                )
-                for i, group in enumerate(groups):
-                    path = write_jsonl(work / f"c{c}-{i}.jsonl", group)
-                    opts = BenchOptions(
-                        targets=targets,
-                        workload=str(path),
-                        concurrency=[c],
-                        model=args.model,
-                        read_timeout_s=600.0,
-                        json_path=args.out / f"real_cpu_c{c}_{i}.json",
-                    )
-                    docs.append((await run_bench(opts, tag="real-cpu")).doc)
-            print(summarize(docs), flush=True)
+            names = [t for t in every if t in args.targets]
+            for repeat in range(args.repeats):
+                order = names[repeat % len(names) :] + names[: repeat % len(names)]
+                targets = {t: every[t] for t in order}
+                print(f"repeat {repeat + 1}: targets in order {order}", flush=True)
+                docs += await measure_once(args, targets, measured, work, repeat)
+            print(summarize(docs, names), flush=True)
+            print(spread(docs), flush=True)
             for name, url in gateways.items():
                 print(f"{name} believed at the end: {await believed(http, url)}")
     finally:
@@ -277,12 +276,77 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], dynamic: str, 
             await runner.cleanup()
 
 
+async def measure_once(
+    args: argparse.Namespace,
+    targets: dict[str, str],
+    measured: list[dict[str, Any]],
+    work: Path,
+    repeat: int,
+) -> list[dict[str, Any]]:
+    docs = []
+    for c in args.concurrency:
+        # c=1: one workload at a time, so vLLM's counters give its acceptance.
+        groups = (
+            [[x for x in measured if x["workload"] == w] for w in WORKLOADS]
+            if c == 1
+            else [measured]
+        )
+        for i, group in enumerate(groups):
+            path = write_jsonl(work / f"c{c}-{i}.jsonl", group)
+            opts = BenchOptions(
+                targets=targets,
+                workload=str(path),
+                concurrency=[c],
+                model=args.model,
+                read_timeout_s=600.0,
+                json_path=args.out / f"real_cpu_r{repeat}_c{c}_{i}.json",
+            )
+            doc = (await run_bench(opts, tag="real-cpu")).doc
+            doc["repeat"] = repeat
+            docs.append(doc)
+    return docs
+
+
+def spread(docs: list[dict[str, Any]]) -> str:
+    """Per repeat and load: gateway / the better static route, gateway / the oracle."""
+    cells: dict[tuple[int, str], dict[Any, dict[str, float]]] = defaultdict(dict)
+    for di, doc in enumerate(docs):
+        for cell in doc["cells"]:
+            load = f"c={cell['load']['value']:g}"
+            for target, run in cell["runs"].items():
+                for r in run["results"]:
+                    if r["ok"]:
+                        key = (di, r["index"])
+                        cells[(doc.get("repeat", 0), load)].setdefault(key, {})[target] = r["e2e_s"]
+    lines = ["spread: gateway / better static, gateway / oracle, per repeat"]
+    by_load: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for (repeat, load), reqs in sorted(cells.items()):
+        full = [v for v in reqs.values() if {"gateway", "baseline", "speculative"} <= set(v)]
+        if not full:
+            continue
+        gw = statistics.fmean(v["gateway"] for v in full)
+        static = min(statistics.fmean(v[t] for v in full) for t in ("baseline", "speculative"))
+        oracle = statistics.fmean(min(v["baseline"], v["speculative"]) for v in full)
+        by_load[load].append((gw / static, gw / oracle))
+        lines.append(
+            f"  repeat {repeat + 1} {load}: {gw / static:.3f} {gw / oracle:.3f} (n={len(full)})"
+        )
+    for load, pairs in by_load.items():
+        s_lo, s_hi = min(p[0] for p in pairs), max(p[0] for p in pairs)
+        o_lo, o_hi = min(p[1] for p in pairs), max(p[1] for p in pairs)
+        lines.append(
+            f"  {load}: gateway / better static {s_lo:.3f}-{s_hi:.3f},"
+            f" / oracle {o_lo:.3f}-{o_hi:.3f} over {len(pairs)} repeats"
+        )
+    return "\n".join(lines)
+
+
 def main(args: argparse.Namespace) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="specroute-real-cpu-"))
     if not args.start:
         asyncio.run(measure(args, *pair_from_env(), run_dir))
         return 0
-    urls, dynamic = start_pair(run_dir)
+    urls, dynamic = start_pair(run_dir, args.prefix_caching)
     try:
         asyncio.run(measure(args, urls, dynamic, run_dir))
     finally:
@@ -311,6 +375,19 @@ if __name__ == "__main__":
         default="",
         help="the gateway's routing.profile_path: a profile of these servers (from "
         "`specroute profile`) is reloaded instead of measured",
+    )
+    p.add_argument(
+        "--targets",
+        type=lambda s: s.split(","),
+        default=list(TARGETS),
+        help=f"a subset of {','.join(TARGETS)} (baseline, speculative and gateway are needed "
+        "for the ratios)",
+    )
+    p.add_argument("--repeats", type=int, default=1, help="the measurement again, order rotated")
+    p.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="with --start: leave vLLM's prefix cache on (biased: later targets hit it)",
     )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", type=Path, default=Path("bench-results"))

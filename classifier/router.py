@@ -452,8 +452,8 @@ class ProfiledPolicy:
         if seen > 0:
             now = sum(mix.values())
             mix = {w: _OVERLAP_SHARE * c for w, c in mix.items()}
-            for workload, count in self._traffic.items():
-                expected = (1.0 - _OVERLAP_SHARE) * now * count / seen
+            for workload, answers in self._traffic.items():
+                expected = (1.0 - _OVERLAP_SHARE) * now * answers / seen
                 mix[workload] = mix.get(workload, 0.0) + expected
         carry: dict[Route, float] = {}
         for route in (SPEC, BASE):

@@ -15,7 +15,7 @@ import dataclasses
 import importlib
 import sys
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 from classifier.policy import Route
 from gateway.config import (
@@ -23,11 +23,14 @@ from gateway.config import (
     BackendsConfig,
     Config,
     ConfigError,
+    SpeculativeBackendConfig,
     check_pairs,
     load_config,
     normalize_backend_url,
 )
 from gateway.telemetry import configure_logging
+
+_B = TypeVar("_B", bound=BackendConfig)
 
 
 class _Command(Protocol):
@@ -167,7 +170,7 @@ def resolve_config(
     elif set(overrides) == set(Route):
         config = Config(
             backends=BackendsConfig(
-                speculative=BackendConfig(urls=(overrides[Route.SPECULATIVE],)),
+                speculative=SpeculativeBackendConfig(urls=(overrides[Route.SPECULATIVE],)),
                 baseline=BackendConfig(urls=(overrides[Route.BASELINE],)),
             )
         )
@@ -177,14 +180,14 @@ def resolve_config(
             " and --backend baseline=URL"
         )
 
-    def overridden(route: Route) -> BackendConfig:
-        backend, url = config.backends.of(route), overrides.get(route)
+    def overridden(backend: _B, route: Route) -> _B:
+        url = overrides.get(route)
         return backend if url is None else dataclasses.replace(backend, urls=(url,))
 
     backends_cfg = dataclasses.replace(
         config.backends,
-        speculative=overridden(Route.SPECULATIVE),
-        baseline=overridden(Route.BASELINE),
+        speculative=overridden(config.backends.speculative, Route.SPECULATIVE),
+        baseline=overridden(config.backends.baseline, Route.BASELINE),
     )
     check_pairs(backends_cfg)  # one URL from the command line against a file's pairs
     server = dataclasses.replace(

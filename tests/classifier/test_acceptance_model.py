@@ -83,8 +83,6 @@ def test_inference_is_the_dot_product() -> None:
     )
 
 
-
-
 def good_doc() -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(AcceptanceModel((0.0,) * len(FEATURE_NAMES), 0.5).to_json())
     return doc

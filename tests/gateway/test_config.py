@@ -148,7 +148,9 @@ def test_creative_threshold_reaches_feature_extraction(tokens: TokenCounter) -> 
 
     assert workload(1.5) is Workload.CHAT
     assert workload(1.0) is Workload.CREATIVE
-    with pytest.raises(ConfigError, match=r"routing\.tuning\.creative_min_temperature must be >= 0"):
+    with pytest.raises(
+        ConfigError, match=r"routing\.tuning\.creative_min_temperature must be >= 0"
+    ):
         parse_config(
             {"backends": BACKENDS, "routing": {"tuning": {"creative_min_temperature": -1}}}
         )
