@@ -27,7 +27,7 @@ tokenizer="${TOKENIZER:-}"
 model="emulated-model"
 
 case "$tool" in aiperf|guidellm) ;; *) echo "usage: $0 [aiperf|guidellm]" >&2; exit 2 ;; esac
-[[ -x .venv/bin/specroute ]] || { echo "no .venv/bin/specroute: pip install -e . first" >&2; exit 2; }
+[[ -x .venv/bin/specroute ]] || { echo "no .venv/bin/specroute: pip install -e . -e ./tooling first" >&2; exit 2; }
 if [[ ! -x "$venv/bin/$tool" ]]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check "$tool"

