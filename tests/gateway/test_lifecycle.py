@@ -176,7 +176,11 @@ async def test_sighup_reloads_and_a_bad_file_keeps_the_old_config(
             "the 30 requests at the upstreams",
         )
         write_config(
-            config, spec_server, base_server, port, '[routing.rules]\ndefault_route = "baseline"'
+            config,
+            spec_server,
+            base_server,
+            port,
+            '[routing.tuning.rules]\ndefault_route = "baseline"',
         )
         gateway_process.proc.send_signal(signal.SIGHUP)
         routes = await asyncio.gather(*load)  # none failed
