@@ -59,6 +59,7 @@ class Workload(StrEnum):
 class Endpoint(StrEnum):
     CHAT = "chat"
     COMPLETIONS = "completions"
+    RESPONSES = "responses"  # OpenAI's Responses API (/v1/responses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,8 @@ def extract_features(
     """Extract the routing features of one already-validated request body.
 
     prompt_tokens sums the counts of each prompt text (message content and text
-    parts, tool-call arguments; completion prompts, token-id lists by length);
+    parts, tool-call arguments; completion prompts, token-id lists by length; a
+    Responses request's instructions and input items);
     chat-template and tool-schema tokens are left out: the counter is cl100k,
     not the served model's tokenizer, so this is an estimate either way.
     Without max_tokens a completions request is capped at vLLM's default 16.
@@ -106,7 +108,7 @@ def extract_features(
     options.creative_min_temperature: a request that leaves temperature out gets the
     server's default (often 1.0), which says nothing about the task.
     """
-    texts = list(_chat_texts(body) if endpoint is Endpoint.CHAT else _prompt_texts(body))
+    texts = list(_TEXTS[endpoint](body))
     prompt_tokens = _token_ids_len(body) if endpoint is Endpoint.COMPLETIONS else 0
     prompt_tokens += _count_bounded(texts, counter)
     code_like = any(_is_code_like(t) for t in _bounded(texts, _SCAN_BUDGET_CHARS))
@@ -116,6 +118,8 @@ def extract_features(
     max_tokens = _int(body.get("max_completion_tokens"))
     if max_tokens is None:
         max_tokens = _int(body.get("max_tokens"))
+    if max_tokens is None:
+        max_tokens = _int(body.get("max_output_tokens"))  # the Responses API's name
     if max_tokens is not None:
         expected = max(0, max_tokens)
     elif endpoint is Endpoint.COMPLETIONS:
@@ -152,12 +156,16 @@ def extract_features(
 
 
 def _is_structured(body: Mapping[str, Any]) -> bool:
-    """Constrained output: response_format, vLLM guided_*/structured_outputs, or tools."""
-    response_format = body.get("response_format")
-    if isinstance(response_format, Mapping):
-        kind = response_format.get("type")
-        if isinstance(kind, str) and kind != "text":
-            return True
+    """Constrained output: response_format (the Responses API's text.format), vLLM
+    guided_*/structured_outputs, or tools."""
+    text = body.get("text")
+    text_format = text.get("format") if isinstance(text, Mapping) else None
+    formats = (body.get("response_format"), text_format)
+    for response_format in formats:
+        if isinstance(response_format, Mapping):
+            kind = response_format.get("type")
+            if isinstance(kind, str) and kind != "text":
+                return True
     if any(body.get(name) is not None for name in _GUIDED_FIELDS):
         return True
     outputs = body.get("structured_outputs")
@@ -177,15 +185,7 @@ def _chat_texts(body: Mapping[str, Any]) -> Iterator[str]:
     for message in messages:
         if not isinstance(message, Mapping):
             continue
-        content = message.get("content")
-        if isinstance(content, str):
-            yield content
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, Mapping) and part.get("type") == "text":
-                    text = part.get("text")
-                    if isinstance(text, str):
-                        yield text
+        yield from _content_texts(message.get("content"), _CHAT_TEXT_PARTS)
         tool_calls = message.get("tool_calls")
         if isinstance(tool_calls, list):
             for call in tool_calls:
@@ -196,6 +196,45 @@ def _chat_texts(body: Mapping[str, Any]) -> Iterator[str]:
                         yield arguments
 
 
+def _responses_texts(body: Mapping[str, Any]) -> Iterator[str]:
+    """Every prompt string of a Responses request: its instructions, then its input (a
+    string, or items: messages with string or text-part content, function calls'
+    arguments and their outputs)."""
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        yield instructions
+    items = body.get("input")
+    if isinstance(items, str):
+        yield items
+        return
+    if not isinstance(items, list):
+        return
+    for item in items:
+        if not isinstance(item, Mapping):
+            continue
+        yield from _content_texts(item.get("content"), _RESPONSES_TEXT_PARTS)
+        for name in ("arguments", "output"):  # function_call, function_call_output
+            value = item.get(name)
+            if isinstance(value, str):
+                yield value
+
+
+_CHAT_TEXT_PARTS = ("text",)
+_RESPONSES_TEXT_PARTS = ("input_text", "output_text")
+
+
+def _content_texts(content: object, kinds: tuple[str, ...]) -> Iterator[str]:
+    """A message's content: a string, or parts of which those of `kinds` hold text."""
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") in kinds:
+                text = part.get("text")
+                if isinstance(text, str):
+                    yield text
+
+
 def _prompt_texts(body: Mapping[str, Any]) -> Iterator[str]:
     """The text prompts of a completions request (str or list of str)."""
     prompt = body.get("prompt")
@@ -203,6 +242,13 @@ def _prompt_texts(body: Mapping[str, Any]) -> Iterator[str]:
         yield prompt
     elif isinstance(prompt, list):
         yield from (p for p in prompt if isinstance(p, str))
+
+
+_TEXTS = {
+    Endpoint.CHAT: _chat_texts,
+    Endpoint.COMPLETIONS: _prompt_texts,
+    Endpoint.RESPONSES: _responses_texts,
+}
 
 
 def _token_ids_len(body: Mapping[str, Any]) -> int:

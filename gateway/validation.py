@@ -53,6 +53,8 @@ def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
         raise APIError(400, "request body must be a JSON object")
     if endpoint is Endpoint.CHAT:
         _check_messages(body)
+    elif endpoint is Endpoint.RESPONSES:
+        _check_input(body)
     else:
         _check_prompt(body)
     _check_common(body)
@@ -86,6 +88,24 @@ def _check_messages(body: dict[str, Any]) -> None:
                     )
 
 
+def _check_input(body: dict[str, Any]) -> None:
+    """A Responses request: what routing reads (input, instructions, the stored
+    response it continues, the answer's length); the items' own fields are vLLM's."""
+    items = body.get("input")
+    if items is None:
+        raise APIError(400, "'input' is a required property", param="input")
+    if not isinstance(items, str | list):
+        raise APIError(400, "'input' must be a string or an array", param="input")
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise APIError(400, f"input[{i}] must be an object", param=f"input[{i}]")
+    _optional(body, "instructions", str, "a string")
+    _optional(body, "previous_response_id", str, "a string")
+    _optional(body, "text", dict, "an object")
+    _check_int(body, "max_output_tokens")
+
+
 def _check_prompt(body: dict[str, Any]) -> None:
     prompt = body.get("prompt")
     if prompt is None:
@@ -117,13 +137,7 @@ def _check_common(body: dict[str, Any]) -> None:
     if temperature is not None and temperature < 0:
         raise APIError(400, "'temperature' must be >= 0", param="temperature")
     for name in ("max_tokens", "max_completion_tokens", "n"):
-        value = body.get(name)
-        if value is None:
-            continue
-        if not _is_int(value):
-            raise APIError(400, f"'{name}' must be an integer", param=name)
-        if not 0 <= value <= _MAX_INT:
-            raise APIError(400, f"'{name}' must be between 0 and {_MAX_INT}", param=name)
+        _check_int(body, name)
     if (n := body.get("n")) is not None and not 1 <= n <= MAX_N:
         raise APIError(400, f"'n' must be between 1 and {MAX_N} (OpenAI's limit)", param="n")
     _optional(body, "stream_options", dict, "an object")
@@ -136,6 +150,16 @@ def _check_common(body: dict[str, Any]) -> None:
     if response_format is not None and not isinstance(response_format.get("type"), str):
         raise APIError(400, "'response_format.type' must be a string", param="response_format")
     _optional(body, "tools", list, "an array")
+
+
+def _check_int(body: dict[str, Any], name: str) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    if not _is_int(value):
+        raise APIError(400, f"'{name}' must be an integer", param=name)
+    if not 0 <= value <= _MAX_INT:
+        raise APIError(400, f"'{name}' must be between 0 and {_MAX_INT}", param=name)
 
 
 def _optional(body: dict[str, Any], name: str, kind: type, what: str, *, prefix: str = "") -> None:

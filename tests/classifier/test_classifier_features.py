@@ -317,7 +317,7 @@ def test_label_values_are_stable() -> None:
         "long_context",
         "chat",
     ]
-    assert [e.value for e in Endpoint] == ["chat", "completions"]
+    assert [e.value for e in Endpoint] == ["chat", "completions", "responses"]
 
 
 def test_features_are_frozen(counter: TokenCounter) -> None:
