@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from gateway import decision, figures, handlers, profiling, ui
+from gateway import decision, figures, handlers, passthrough, profiling, ui
 from gateway.auth import Keys, auth_middleware
 from gateway.backends import BackendPool
 from gateway.config import Config
@@ -89,6 +89,8 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app.router.add_post("/decide/v1/chat/completions", decision.chat_completions)
     app.router.add_post("/decide/v1/completions", decision.completions)
     app.router.add_get("/stats", figures.stats)
+    # Last: every other path of vLLM's server, passed through or refused by its fate.
+    app.router.add_route("*", "/{tail:.*}", passthrough.handle)
     return app
 
 
