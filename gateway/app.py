@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from gateway import decision, figures, handlers, passthrough, profiling, ui
+from gateway import decision, figures, handlers, passthrough, profiling, responses, ui
 from gateway.auth import Keys, auth_middleware
 from gateway.backends import BackendPool
 from gateway.config import Config
@@ -76,8 +76,12 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app.cleanup_ctx.append(_shadows)  # after the session and the outcome log: closed first
     app.cleanup_ctx.append(profiling.profile_ctx)  # after the session: stopped before it
     app[RNG] = random.Random(config.routing.tuning.seed)
+    app[responses.RESPONSE_OWNERS] = responses.ResponseOwners()
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
+    app.router.add_post("/v1/responses", handlers.create_response)
+    app.router.add_get("/v1/responses/{response_id}", responses.stored)
+    app.router.add_post("/v1/responses/{response_id}/cancel", responses.stored)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", handlers.ready)

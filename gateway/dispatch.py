@@ -10,6 +10,10 @@ Every attempt goes to the decided pair's endpoint of its route (backends.pairs:
 the servers on one GPU), and to another healthy endpoint of that route only
 when the pair's is not healthy: failover tries the other route within the
 pair first.
+
+A request that names a stored response (the Responses API's previous_response_id)
+is pinned to the server that stored it: only that one can answer it, so it is
+neither moved to another endpoint nor failed over.
 """
 
 from __future__ import annotations
@@ -20,10 +24,18 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from classifier.policy import Route
-from gateway.backends import BackendPool
+from gateway.backends import BackendPool, Upstream
 from gateway.config import Config
 from gateway.errors import APIError
-from gateway.proxy import Target, UpstreamFailure, failure_response, open_upstream, relay
+from gateway.proxy import (
+    EventReader,
+    Target,
+    UpstreamFailure,
+    failure_response,
+    open_upstream,
+    read_chat_events,
+    relay,
+)
 from gateway.record import UPSTREAM_ERROR_EVENT, RequestLife
 from gateway.state import BACKENDS, RELAYS, SESSION, SHADOWS
 
@@ -33,6 +45,8 @@ FAILOVER_HEADER = "x-specroute-failover"
 PREDICTED_HEADER = "x-specroute-predicted"
 _ATTEMPTS = 3
 _RELAY_FAILURES = ("upstream_broken", "upstream_stall", "http_5xx", UPSTREAM_ERROR_EVENT)
+# The endpoint that answered: the handler remembers it as a stored response's maker.
+ANSWERED_BY = web.RequestKey("specroute_answered_by", Upstream)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +61,8 @@ class Routed:
     # (streams only: a non-streamed answer shows no first token).
     prefill_tokens: int = 0
     pair: int = 0  # the GPU pair it was decided for (BackendPool.choose_pair)
+    pinned: Upstream | None = None  # the one endpoint that may answer (a stored response's)
+    read_events: EventReader = read_chat_events  # what a streamed answer's events say
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +85,12 @@ async def dispatch(
     one that died under a request may be back (restarted), or one that was sick a
     moment ago may answer now, when its stand-in dies too."""
     pool = request.app[BACKENDS]
-    route = _admit(pool, config, routed.route, life)
+    route = _admit(pool, config, routed, life)
     budget_slots = 0
     first_dead = False
     try:
         for attempt in range(_ATTEMPTS):
-            retry = _retry_mode(attempt, first_dead)
+            retry = _Retry.NONE if routed.pinned else _retry_mode(attempt, first_dead)
             answer = await _attempt(request, routed, life, config, route, retry)
             if isinstance(answer, web.StreamResponse):
                 return answer
@@ -115,7 +131,7 @@ async def _attempt(
     app = request.app
     pool = app[BACKENDS]
     backend = pool.of(route)
-    upstream = pool.pick(route, routed.pair)
+    upstream = routed.pinned or pool.pick(route, routed.pair)
     meter = life.meter
     headers = {
         ROUTE_HEADER: route.value,
@@ -162,6 +178,7 @@ async def _attempt(
             response.close()
             pool.report_failure(backend, upstream, "http_5xx")
             return move
+        request[ANSWERED_BY] = upstream
         answer = await relay(
             request,
             response,
@@ -169,6 +186,7 @@ async def _attempt(
             name=route.value,
             response_headers=headers,
             strip_usage_chunk=routed.strip_usage_chunk,
+            read_events=routed.read_events,
         )
     if meter.error_kind in _RELAY_FAILURES:
         pool.report_failure(backend, upstream, meter.error_kind or "")
@@ -202,15 +220,18 @@ def _retry(pool: BackendPool, config: Config, route: Route, pair: int) -> _FailO
     return None
 
 
-def _admit(pool: BackendPool, config: Config, route: Route, life: RequestLife) -> Route:
+def _admit(pool: BackendPool, config: Config, routed: Routed, life: RequestLife) -> Route:
     """Where the request goes first: the chosen backend if it is healthy and has room,
-    else the other (an override or a static route included), else 429."""
+    else the other (an override or a static route included), else 429. A pinned
+    request goes to its endpoint, healthy or not: no other has what it names."""
+    route = routed.route
     chosen = pool.of(route)
-    if chosen.healthy and chosen.has_room:
+    if (chosen.healthy or routed.pinned) and chosen.has_room:
         return route
     other = route.other
-    if _can_take(pool, config, other, ejected_too=False) or (
-        not chosen.reachable and _can_take(pool, config, other, ejected_too=True)
+    if not routed.pinned and (
+        _can_take(pool, config, other, ejected_too=False)
+        or (not chosen.reachable and _can_take(pool, config, other, ejected_too=True))
     ):
         life.failed_over(route)
         return other

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.resources
 import json
 from typing import Any
@@ -15,13 +16,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from classifier.features import Endpoint, FeatureOptions, RequestFeatures, extract_features
 from classifier.policy import Decision, Route
 from classifier.tokens import TokenCounter
+from gateway import responses
 from gateway.config import Config
-from gateway.dispatch import ROUTE_HEADER, Routed, dispatch
+from gateway.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, dispatch
 from gateway.errors import LOGGED, APIError, error_response
 from gateway.learning import learn, predicted_header
 from gateway.outcome import count_request, log_request
 from gateway.outcome_log import outcome_line
-from gateway.record import CLIENT_DISCONNECT, RequestLife, request_id_of
+from gateway.proxy import read_chat_events
+from gateway.record import CLIENT_DISCONNECT, RequestLife, RequestRecord, request_id_of
 from gateway.state import (
     BACKENDS,
     BIG_BODIES,
@@ -49,6 +52,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, Endpoint.COMPLETIONS)
 
 
+async def create_response(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, Endpoint.RESPONSES)
+
+
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     app = request.app
     snapshot = app[RUNTIME].current  # one config for the whole request, whatever reloads
@@ -63,15 +70,23 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
                 503, "the gateway is shutting down", code="draining", headers={"Retry-After": "1"}
             )
         raw, body, features = await read_and_analyse(request, endpoint, config)
-        if (recorder := app.get(RECORDER)) is not None:
+        # The recorder's redaction knows chat and completions prompts, not `input`.
+        recorder = app.get(RECORDER) if endpoint is not Endpoint.RESPONSES else None
+        if recorder is not None:
             recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
         pair, state = app[BACKENDS].for_decision()  # the GPU pair first, then the route within it
         state = app[SHADOWS].correct(pair, state)  # a scraped shadow is no other client
-        decision = _override(request, config) or snapshot.policy.decide(
-            features, state, pair, app[RNG]
-        )
+        owner = await _stored_owner(request, body, endpoint)
+        if owner is not None:  # only the server that stored it can continue it
+            pair = owner.upstream.pair
+            state = app[BACKENDS].live_state(pair)
+            decision = Decision(route=owner.route, reason="stored_response")
+        else:
+            decision = _override(request, config) or snapshot.policy.decide(
+                features, state, pair, app[RNG]
+            )
         life.decided(body, features, decision, state, pair)
-        raw, strip_usage = _ask_for_usage(body, raw)
+        raw, strip_usage = _ask_for_usage(body, raw, endpoint)
         routed = Routed(
             decision.route,
             decision.reason,
@@ -81,8 +96,15 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             predicted_header(decision),
             features.prompt_tokens if features.stream else 0,
             pair,
+            pinned=owner.upstream if owner else None,
+            read_events=(
+                responses.read_events if endpoint is Endpoint.RESPONSES else read_chat_events
+            ),
         )
-        return await dispatch(request, routed, life, config)
+        answer = await dispatch(request, routed, life, config)
+        if endpoint is Endpoint.RESPONSES and (answered_by := request.get(ANSWERED_BY)):
+            responses.remember(app, life.meter.report, answered_by)
+        return answer
     except (APIError, web.HTTPException) as exc:
         life.meter.status = exc.status
         raise
@@ -102,7 +124,24 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             line = outcome_line(record, include_prompt=config.outcome_log.include_prompts)
             if line is not None:
                 outcomes.write(line)
-        app[SHADOWS].offer(record)  # maybe a copy to the other route, in idle time
+        app[SHADOWS].offer(_shadowable(record))  # maybe a copy to the other route, in idle time
+
+
+def _shadowable(record: RequestRecord) -> RequestRecord:
+    """The record as the shadows see it. A Responses request is never copied (the copy
+    would force max_tokens, which that API names max_output_tokens, and store a response
+    on the other server): without its decision it is only the server's activity."""
+    if record.endpoint is Endpoint.RESPONSES:
+        return dataclasses.replace(record, decision=None)
+    return record
+
+
+async def _stored_owner(
+    request: web.Request, body: dict[str, Any], endpoint: Endpoint
+) -> responses.Owner | None:
+    """The server that stored the response this request continues, if any knows it."""
+    previous = body.get("previous_response_id") if endpoint is Endpoint.RESPONSES else None
+    return await responses.owner_of(request.app, previous) if previous else None
 
 
 async def read_and_analyse(
@@ -163,14 +202,15 @@ def _override(request: web.Request, config: Config) -> Decision | None:
         ) from None
 
 
-def _ask_for_usage(body: dict[str, Any], raw: bytes) -> tuple[bytes, bool]:
+def _ask_for_usage(body: dict[str, Any], raw: bytes, endpoint: Endpoint) -> tuple[bytes, bool]:
     """Make a stream report its usage; return the body to send and whether to strip it.
 
     vLLM reports token counts (and per-request speculative metrics) in a final
     usage chunk only when asked. The gateway needs them to measure, so it asks;
-    if the client did not, that chunk is removed again on the way back.
+    if the client did not, that chunk is removed again on the way back. A Responses
+    stream always has its usage, in response.completed.
     """
-    if not body.get("stream"):
+    if not body.get("stream") or endpoint is Endpoint.RESPONSES:
         return raw, False
     options = body.get("stream_options") or {}
     if options.get("include_usage"):

@@ -14,6 +14,7 @@ import asyncio
 import io
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,11 @@ _PASSED_RESPONSE_HEADERS = ("Content-Type", "Content-Encoding")
 _RAW_BODY_MAX = 1024 * 1024
 
 log = structlog.get_logger("specroute.proxy")
+
+# Reads a run of complete SSE events as they pass (first token, usage, errors into
+# the meter) and returns the bytes to send on; the bool: drop the usage chunk we
+# asked for. One per API: chat and completions' chunks, the Responses API's events.
+EventReader = Callable[[bytes, Meter, bool], bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,12 +148,14 @@ async def relay(
     name: str,
     response_headers: dict[str, str],
     strip_usage_chunk: bool,
+    read_events: EventReader | None = None,
 ) -> web.StreamResponse:
     """Stream (or copy) the backend's answer to the client; always closes `upstream`."""
     try:
         if upstream.status == 200 and upstream.content_type == "text/event-stream":
+            reader = read_events or read_chat_events
             return await _relay_stream(
-                request, upstream, meter, response_headers, strip_usage_chunk
+                request, upstream, meter, response_headers, strip_usage_chunk, reader
             )
         return await _relay_whole(request, upstream, meter, response_headers, name)
     finally:
@@ -199,8 +207,8 @@ async def _relay_whole(
     meter.bytes_sent = len(payload)
     if upstream.status == 200 and upstream.content_type == "application/json":
         meter.report = loads_object(payload)
-        if meter.report is not None and isinstance(meter.report.get("usage"), dict):
-            meter.usage = meter.report["usage"]
+        if meter.report is not None:
+            meter.usage = usage_in(meter.report) or meter.usage
     elif upstream.status >= 500 and meter.error_kind is None:
         meter.fail("http_5xx")  # a 4xx is the client's, not the backend's, failure
     return response
@@ -212,6 +220,7 @@ async def _relay_stream(
     meter: Meter,
     response_headers: dict[str, str],
     strip_usage_chunk: bool,
+    read_events: EventReader,
 ) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=response_headers)
     response.content_type = "text/event-stream"
@@ -228,7 +237,7 @@ async def _relay_stream(
             if cut < 0:
                 continue
             complete, pending = pending[: cut + 2], pending[cut + 2 :]
-            await _send(response, meter, _inspect_events(complete, meter, strip_usage_chunk))
+            await _send(response, meter, read_events(complete, meter, strip_usage_chunk))
         await _send(response, meter, pending)
     except _ClientGone:
         meter.fail(CLIENT_DISCONNECT)
@@ -272,8 +281,9 @@ async def _send(response: web.StreamResponse, meter: Meter, data: bytes) -> None
     meter.bytes_sent += len(data)
 
 
-def _inspect_events(chunk: bytes, meter: Meter, strip_usage_chunk: bool) -> bytes:
-    """Note the first token, the usage and the step count; drop the usage chunk we asked for."""
+def read_chat_events(chunk: bytes, meter: Meter, strip_usage_chunk: bool) -> bytes:
+    """Chat and completions chunks: note the first token, the usage and the step count;
+    drop the usage chunk we asked for."""
     meter.events += chunk.count(_EVENT_END)
     if _ERROR_EVENT in chunk and meter.error_kind is None:
         # vLLM ends a stream that failed midway (an engine error after the
@@ -309,6 +319,21 @@ def _inspect_events(chunk: bytes, meter: Meter, strip_usage_chunk: bool) -> byte
                     meter.events_before_token += 1
         kept.append(event_bytes)
     return b"".join(kept)
+
+
+def usage_in(report: dict[str, Any]) -> dict[str, Any] | None:
+    """An answer's usage under chat's names: the Responses API counts input_tokens and
+    output_tokens, which the record reads as prompt_tokens and completion_tokens."""
+    usage = report.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    if "completion_tokens" in usage or "output_tokens" not in usage:
+        return usage
+    return {
+        **usage,
+        "prompt_tokens": usage.get("input_tokens"),
+        "completion_tokens": usage.get("output_tokens"),
+    }
 
 
 def has_token(chunk: dict[str, Any]) -> bool:
