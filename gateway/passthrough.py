@@ -113,7 +113,8 @@ def fate_of(method: str, path: str) -> Fate:
     """What the gateway does with `method path` (a concrete path or vLLM's template)."""
     if path in ROUTED_PATHS:
         return Fate.ROUTED
-    if _is_stored(path):
+    method = method.upper()
+    if _is_stored(method, path):
         return Fate.STORED
     if path in GATEWAY_PATHS or any(
         path == p.rstrip("/") or path.startswith(p.rstrip("/") + "/") for p in GATEWAY_PREFIXES
@@ -123,17 +124,19 @@ def fate_of(method: str, path: str) -> Fate:
         path == p.rstrip("/") or path.startswith(p.rstrip("/") + "/") for p in OPERATOR_PREFIXES
     ):
         return Fate.FORBIDDEN
-    method = method.upper()
     if method in SAFE_METHODS or (method == "POST" and path in COMPUTE_PATHS):
         return Fate.PASSTHROUGH
     return Fate.FORBIDDEN
 
 
-def _is_stored(path: str) -> bool:
+def _is_stored(method: str, path: str) -> bool:
+    """GET /v1/responses/{id} or POST /v1/responses/{id}/cancel (not .../render)."""
     parts = path.split("/")  # '', 'v1', 'responses', id[, 'cancel']
     if len(parts) not in (4, 5) or parts[1:3] != ["v1", "responses"] or not parts[3]:
         return False
-    return len(parts) == 4 or parts[4] == "cancel"
+    if len(parts) == 4:
+        return method in SAFE_METHODS
+    return method == "POST" and parts[4] == "cancel"
 
 
 async def handle(request: web.Request) -> web.StreamResponse:

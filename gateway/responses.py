@@ -8,8 +8,9 @@ A stored response lives on the server that made it (vLLM keeps it in that
 process's memory, with VLLM_ENABLE_RESPONSES_API_STORE=1). So a request that
 names one (previous_response_id, GET /v1/responses/{id}, .../cancel) must go
 there, whatever the router would prefer: the gateway remembers each answer's id
-and its server in a bounded map, and asks the servers in turn for an id it does
-not know (one it saw before a restart, or made by a stream still running).
+(a whole answer's, or the response object of a stream's events) and its server
+in a bounded map, and asks every server for an id it does not know (one made
+before a restart, or by a stream still running).
 """
 
 from __future__ import annotations
@@ -116,22 +117,24 @@ def _has_text(event: bytes) -> bool:
     return parsed is not None and bool(parsed.get("delta"))
 
 
-def stored_id(report: dict[str, Any] | None) -> str | None:
-    """The id of a response the server kept (store true), from its answer."""
-    if not report or report.get("store") is not True:
+def response_id(report: dict[str, Any] | None) -> str | None:
+    """A response object's id. Whether the server kept it, vLLM 0.32's answer does
+    not say (it has no `store` field): every id is remembered, and one it did not
+    keep gets its maker's 404, as it would get anywhere."""
+    if not report or report.get("object") != "response":
         return None
-    response_id = report.get("id")
-    return response_id if isinstance(response_id, str) and response_id else None
+    found = report.get("id")
+    return found if isinstance(found, str) and found else None
 
 
 def remember(app: web.Application, report: dict[str, Any] | None, upstream: Upstream) -> None:
-    """Note the server that stored this answer, if it stored it."""
-    response_id = stored_id(report)
-    if response_id is None:
+    """Note the server that made this response."""
+    made = response_id(report)
+    if made is None:
         return
     for backend in app[BACKENDS]:
         if upstream in backend.upstreams:
-            app[RESPONSE_OWNERS].remember(response_id, Owner(backend.route, upstream))
+            app[RESPONSE_OWNERS].remember(made, Owner(backend.route, upstream))
 
 
 async def owner_of(app: web.Application, response_id: str) -> Owner | None:

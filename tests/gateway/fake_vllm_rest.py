@@ -79,8 +79,7 @@ class FakeVllmRest:
             "object": "response",
             "created_at": 1,
             "model": "fake-model",
-            "status": "in_progress",
-            "store": keep,
+            "status": "in_progress",  # no `store` field: vLLM 0.32's answers have none
             "previous_response_id": previous,
             "output": [],
             "usage": None,

@@ -69,6 +69,8 @@ def rest_gateway(
         ("GET", "/v1/responses/resp_1", Fate.STORED),
         ("POST", "/v1/responses/resp_1/cancel", Fate.STORED),
         ("POST", "/v1/responses/resp_1/other", Fate.FORBIDDEN),
+        ("POST", "/v1/responses/render", Fate.PASSTHROUGH),
+        ("DELETE", "/v1/responses/resp_1", Fate.FORBIDDEN),
         ("GET", "/metrics", Fate.GATEWAY),
         ("GET", "/ui/app.js", Fate.GATEWAY),
         ("POST", "/decide/v1/completions", Fate.GATEWAY),

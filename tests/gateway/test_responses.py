@@ -172,14 +172,18 @@ async def test_an_id_no_server_has_gets_vllms_own_404(rest_gateway: RestGateway)
         assert error["message"] == "Response with id 'resp_nowhere' not found."
 
 
-async def test_an_answer_not_stored_is_not_remembered(
-    rest_gateway: RestGateway, base_rest: FakeVllmRest
+async def test_a_response_not_stored_gets_its_makers_404(
+    rest_gateway: RestGateway, spec_rest: FakeVllmRest, base_rest: FakeVllmRest
 ) -> None:
     base_rest.store = False  # vLLM without VLLM_ENABLE_RESPONSES_API_STORE
     gateway = await rest_gateway()
-    resp = await gateway.post("/v1/responses", json={"input": "hi"}, headers=BASE)
-    assert resp.status == 200 and (await resp.json())["store"] is False
-    assert len(gateway.app[RESPONSE_OWNERS]) == 0
+    first = await (await gateway.post("/v1/responses", json={"input": "hi"}, headers=BASE)).json()
+    assert len(gateway.app[RESPONSE_OWNERS]) == 1  # the answer does not say it was not kept
+    resp = await gateway.post(
+        "/v1/responses", json={"input": "x", "previous_response_id": first["id"]}, headers=SPEC
+    )
+    assert resp.status == 404 and resp.headers["x-specroute-route"] == "baseline"
+    assert spec_rest.seen == []
 
 
 async def test_a_continuation_is_not_failed_over_when_its_server_is_down(
