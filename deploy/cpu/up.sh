@@ -157,7 +157,7 @@ start() {
         HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
         VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
         VLLM_CPU_OMP_THREADS_BIND="$core" VLLM_CPU_KVCACHE_SPACE=1 \
-        OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 LD_PRELOAD="$preload" \
+        OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 VLLM_ENABLE_RESPONSES_API_STORE=1 LD_PRELOAD="$preload" \
         setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" \
         "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
         --model "$model_dir" \
