@@ -55,7 +55,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -307,17 +307,24 @@ async def measure_once(
     return docs
 
 
-def spread(docs: list[dict[str, Any]]) -> str:
-    """Per repeat and load: gateway / the better static route, gateway / the oracle."""
-    cells: dict[tuple[int, str], dict[Any, dict[str, float]]] = defaultdict(dict)
+def answered(
+    docs: list[dict[str, Any]],
+) -> Iterator[tuple[int, dict[str, Any], str, str, dict[str, Any]]]:
+    """Every successful result: (doc index, doc, load label, target, result)."""
     for di, doc in enumerate(docs):
         for cell in doc["cells"]:
             load = f"c={cell['load']['value']:g}"
             for target, run in cell["runs"].items():
                 for r in run["results"]:
                     if r["ok"]:
-                        key = (di, r["index"])
-                        cells[(doc.get("repeat", 0), load)].setdefault(key, {})[target] = r["e2e_s"]
+                        yield di, doc, load, target, r
+
+
+def spread(docs: list[dict[str, Any]]) -> str:
+    """Per repeat and load: gateway / the better static route, gateway / the oracle."""
+    cells: dict[tuple[int, str], dict[Any, dict[str, float]]] = defaultdict(dict)
+    for di, doc, load, target, r in answered(docs):
+        cells[(doc.get("repeat", 0), load)].setdefault((di, r["index"]), {})[target] = r["e2e_s"]
     lines = ["spread: gateway / better static, gateway / oracle, per repeat"]
     by_load: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for (repeat, load), reqs in sorted(cells.items()):
