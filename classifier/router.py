@@ -294,7 +294,7 @@ class ProfiledPolicy:
         self._beliefs: dict[tuple[Workload, int], AcceptanceBelief] = {}
         self._outputs = OutputLengthModel()
         self._traffic: dict[Workload, float] = {}  # decayed answers per workload
-        self._drift: dict[Route, _Drift] = {SPEC: _Drift(), BASE: _Drift()}
+        self._drift = {r: _Drift() for r in _routes(self._prior)}
         self._failures: dict[tuple[Route, Workload], list[float]] = {}
         self._errors: dict[Route, PredictionErrors] = {}
         self._decay = 1.0 - 1.0 / config.acceptance_memory
@@ -321,7 +321,7 @@ class ProfiledPolicy:
         self._profile = profile
         for (workload, _), belief in self._beliefs.items():
             self._set_prior(belief, workload)
-        self._drift = {SPEC: _Drift(), BASE: _Drift()}
+        self._drift = {r: _Drift() for r in _routes(profile)}
 
     def profile_contradicted(self) -> bool:
         """Live decode times have disagreed with the profile beyond the bound for
@@ -352,8 +352,9 @@ class ProfiledPolicy:
     ) -> Decision:
         """The route within `pair`; with `rng`, acceptance drawn from its posterior."""
         profile = self._active()
+        routes = _routes(profile)
         rho = self._rate(features)
-        predicted = {r: self._predict(profile, features, state, r, rho) for r in (SPEC, BASE)}
+        predicted = {r: self._predict(profile, features, state, r, rho) for r in routes}
         why: dict[str, Any] = {
             "profile": profile.source,
             "acceptance": round(rho, 4),
@@ -361,28 +362,28 @@ class ProfiledPolicy:
         }
         guard = self._guards.reason(state.speculative)
         shared = profile.shared_gpu
-        busy = state.speculative.inflight + state.baseline.inflight > 0
+        busy = any(state.of(r).inflight > 0 for r in routes)
         if guard is not None:
             route, reason, rule = BASE, guard, "guard"
         elif shared and busy:
-            route, rule, carry = self._carrier(profile, features, state)
+            route, rule, carry = self._carrier(profile, routes, features, state)
             reason = "consolidate"
             why["carry_s_per_token"] = {r.value: round(v, 6) for r, v in carry.items()}
         else:
-            route = min((SPEC, BASE), key=lambda r: predicted[r].cost_s)
+            route = min(routes, key=lambda r: predicted[r].cost_s)
             reason, rule = _FASTER[route], "smaller-cost"
-            if rng is not None and state.speculative.healthy and state.baseline.healthy:
+            if rng is not None and all(state.of(r).healthy for r in routes):
                 drawn = self._belief_for(features).sample(rng)
-                sampled = {
-                    r: self._predict(profile, features, state, r, drawn) for r in (SPEC, BASE)
-                }
-                pick = min((SPEC, BASE), key=lambda r: sampled[r].cost_s)
+                sampled = {r: self._predict(profile, features, state, r, drawn) for r in routes}
+                pick = min(routes, key=lambda r: sampled[r].cost_s)
                 limit = (1.0 + self._config.explore_max_regret) * predicted[route].cost_s
                 why["acceptance_drawn"] = round(drawn, 4)
                 if pick is not route and predicted[pick].cost_s <= limit:
                     route, reason, rule = pick, "explore", "thompson-draw"
-        if not state.of(route).healthy and state.of(route.other).healthy:
-            route, reason, rule = route.other, "unhealthy-fallback", "unhealthy"
+        healthy = [r for r in routes if state.of(r).healthy]
+        if not state.of(route).healthy and healthy:
+            route = min(healthy, key=lambda r: predicted[r].cost_s)
+            reason, rule = "unhealthy-fallback", "unhealthy"
         elif profile.source == "prior" and guard is None:
             reason = "unprofiled"
         why["rule"] = rule
@@ -393,7 +394,7 @@ class ProfiledPolicy:
     def predict(self, f: RequestFeatures, state: LiveState, pair: int = 0) -> dict[Route, float]:
         """Predicted seconds, send to last byte, on each route (the posterior mean)."""
         profile, rho = self._active(), self._rate(f)
-        return {r: self._predict(profile, f, state, r, rho).e2e_s for r in (SPEC, BASE)}
+        return {r: self._predict(profile, f, state, r, rho).e2e_s for r in _routes(profile)}
 
     def _predict(
         self,
@@ -404,8 +405,8 @@ class ProfiledPolicy:
         rho: float,
         output_tokens: float | None = None,
     ) -> _Prediction:
-        here, there = state.of(route), state.of(route.other)
-        me, other = _route(profile, route), _route(profile, route.other)
+        here, me = state.of(route), _route(profile, route)
+        others = [(state.of(r), _route(profile, r)) for r in _routes(profile) if r is not route]
         tau = self._tau(me, rho)
         n = max(f.n, 1)
         out = self._outputs.predict(f) if output_tokens is None else output_tokens
@@ -413,27 +414,33 @@ class ProfiledPolicy:
         batch = here.load
         drift = math.exp(self._drift[route].log_ratio)
         step = me.step.at(batch + n) * drift
-        neighbour = profile.overlap * other.step.at(there.load) if there.load > 0 else 0.0
+        # Each neighbour on the GPU with a batch of its own takes its step between ours.
+        neighbours = sum(profile.overlap * o.step.at(s.load) for s, o in others if s.load > 0)
         ttft = me.ttft.at(f.prompt_tokens + here.prefill_tokens)
-        alone = ttft + steps * (step + neighbour)
+        alone = ttft + steps * (step + neighbours)
         queue = (here.waiting or 0) / max(here.running or 0, 1) * alone
         e2e = queue + alone
         # What it adds to the requests in flight: each step of its server grows by
-        # the larger batch, each of its neighbour's by its own step (shared GPU).
+        # the larger batch, each of its neighbours' by its own step (shared GPU).
         grown = batch * (step - me.step.at(batch) * drift) if batch > 0 else 0.0
-        slowed = there.load * profile.overlap * step
-        others = _OVERLAP_SHARE * steps * (grown + slowed)
+        slowed = sum(s.load for s, _ in others) * profile.overlap * step
+        added = _OVERLAP_SHARE * steps * (grown + slowed)
         fail = self._failure_rate(route, f.workload)
         retry = 0.0
-        if fail > 0:  # a failed answer costs its time, then an answer elsewhere
-            other_tau = self._tau(other, rho)
-            retry = other.ttft.at(f.prompt_tokens) + max(out - 1, 0) / other_tau * other.step.at(
-                there.load + n
+        if fail > 0 and others:  # a failed answer costs its time, then one elsewhere
+            retry = min(
+                o.ttft.at(f.prompt_tokens)
+                + max(out - 1, 0) / self._tau(o, rho) * o.step.at(s.load + n)
+                for s, o in others
             )
-        return _Prediction(e2e, e2e + others + fail * retry, tau, steps)
+        return _Prediction(e2e, e2e + added + fail * retry, tau, steps)
 
     def _carrier(
-        self, profile: EngineProfile, f: RequestFeatures, state: LiveState
+        self,
+        profile: EngineProfile,
+        routes: tuple[Route, ...],
+        f: RequestFeatures,
+        state: LiveState,
     ) -> tuple[Route, str, dict[Route, float]]:
         """One busy GPU: keep the batch where it is, unless the other server carries the
         batch of the next request life cheaper per token by more than the margin.
@@ -443,11 +450,11 @@ class ProfiledPolicy:
         alone followed the sample, not the traffic (a 2-pair emulated run at c=8 moved
         its batch 10-15 times in 90 requests: tests/gateway/test_pairs.py)."""
         mix: dict[Workload, float] = {}
-        for backend in (state.speculative, state.baseline):
-            for workload, count in backend.mix:
+        for route in routes:
+            for workload, count in state.of(route).mix:
                 mix[workload] = mix.get(workload, 0.0) + count
         mix[f.workload] = mix.get(f.workload, 0.0) + max(f.n, 1)
-        total = state.speculative.load + state.baseline.load + max(f.n, 1)
+        total = sum(state.of(r).load for r in routes) + max(f.n, 1)
         seen = sum(self._traffic.values())
         if seen > 0:
             now = sum(mix.values())
@@ -456,7 +463,7 @@ class ProfiledPolicy:
                 expected = (1.0 - _OVERLAP_SHARE) * now * answers / seen
                 mix[workload] = mix.get(workload, 0.0) + expected
         carry: dict[Route, float] = {}
-        for route in (SPEC, BASE):
+        for route in routes:
             rp = _route(profile, route)
             step = rp.step.at(total) * math.exp(self._drift[route].log_ratio)
             per_token = 0.0
@@ -464,10 +471,18 @@ class ProfiledPolicy:
                 tau = self._tau(rp, self._mean_rate(workload))
                 per_token += share / tau
             carry[route] = step * per_token / sum(mix.values())
-        holder = _holder(state)
-        mover = holder.other
-        allowed = mover is BASE or self._guards.reason(_grown(state.speculative, total)) is None
-        if allowed and carry[mover] < (1.0 - self._config.switch_margin) * carry[holder]:
+        # The holder is the server the newest request went to: while a moved batch
+        # drains from the old server the new one holds it, even once its first
+        # requests have ended, so a move is undone only when the mix changes past
+        # the margin again (by in-flight majority instead, a 2-pair emulated run at
+        # c=8 moved its batch 10-15 times in 90 requests: tests/gateway/test_pairs.py).
+        holder = max(routes, key=lambda r: (state.of(r).last_start, state.of(r).inflight))
+        spared = self._guards.reason(_grown(state.speculative, total)) is not None
+        movers = [
+            r for r in routes if r is not holder and not (spared and _route(profile, r).speculative)
+        ]
+        mover = min(movers, key=lambda r: carry[r], default=None)
+        if mover is not None and carry[mover] < (1.0 - self._config.switch_margin) * carry[holder]:
             return mover, "carrier-cheaper", carry
         return holder, "carrier-holds", carry
 
@@ -681,16 +696,11 @@ def _route(profile: EngineProfile, route: Route) -> RouteProfile:
     return found
 
 
-def _holder(state: LiveState) -> Route:
-    """The server that holds a busy GPU's batch: the one the newest request went to.
-    While a moved batch drains from the old server the new one holds it, even once
-    its first requests have ended, so a move is undone only when the mix changes
-    past the margin again (by in-flight majority instead, a 2-pair emulated run at
-    c=8 moved its batch 10-15 times in 90 requests: tests/gateway/test_pairs.py)."""
-    spec, base = state.speculative, state.baseline
-    if spec.last_start != base.last_start:
-        return SPEC if spec.last_start > base.last_start else BASE
-    return SPEC if spec.inflight >= base.inflight else BASE
+def _routes(profile: EngineProfile) -> tuple[Route, ...]:
+    """The profile's routes in its order: the decision takes the cheapest of a list,
+    so another speculative configuration is one more entry (Route and LiveState name
+    the pair's two today)."""
+    return tuple(Route(r.name) for r in profile.routes)
 
 
 def _grown(spec: BackendState, load: int) -> BackendState:

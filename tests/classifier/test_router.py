@@ -192,6 +192,31 @@ def test_one_busy_gpu_keeps_its_batch_unless_the_other_carries_the_mix_cheaper()
     assert apart.decide(feats(Workload.CODE), creative_on_spec).reason == "spec-predicted-faster"
 
 
+def test_the_routes_are_the_profiles_list_and_its_order_changes_nothing() -> None:
+    probes = {Workload.CODE: 3.2, Workload.CREATIVE: 1.2}
+    forward, backward = profile(1.0, probes), profile(1.0, probes)
+    backward = replace(backward, routes=backward.routes[::-1])
+    states = [
+        IDLE,
+        LiveState(
+            BackendState(inflight=3, mix=((Workload.CODE, 3),), last_start=3), BackendState()
+        ),
+        LiveState(
+            BackendState(), BackendState(inflight=2, mix=((Workload.CHAT, 2),), last_start=2)
+        ),
+        LiveState(BackendState(healthy=False), BackendState()),
+    ]
+    for workload, temperature in ((Workload.CODE, 0.0), (Workload.CREATIVE, 1.2)):
+        for state in states:
+            a = make(forward).decide(feats(workload, temperature), state, 0, random.Random(1))
+            b = make(backward).decide(feats(workload, temperature), state, 0, random.Random(1))
+            assert (a.route, a.reason, a.predicted_s) == (b.route, b.reason, b.predicted_s)
+    assert make(forward).decide(feats(Workload.CODE), states[3]).reason == "unhealthy-fallback"
+    unknown = replace(forward.routes[0], name="eagle3")
+    with pytest.raises(ValueError, match="eagle3"):  # a third configuration: a later issue
+        make(replace(forward, routes=(*forward.routes, unknown)))
+
+
 def test_a_route_that_fails_a_kind_is_not_faster_for_it_until_it_recovers() -> None:
     policy = make(profile(0.0, {Workload.STRUCTURED: 3.0}))
     f = feats(Workload.STRUCTURED)
