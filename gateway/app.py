@@ -47,7 +47,12 @@ from gateway.state import (
 from gateway.telemetry import Metrics
 
 
-def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.Application:
+def create_app(
+    config: Config, *, tokens: TokenCounter | None = None, forward: bool = True
+) -> web.Application:
+    """The gateway. With forward=False it forwards nothing: the same state, learning and
+    metrics, but only the health, metrics and dry-run routes, for `specroute ext-proc`
+    (gateway/extproc), where Envoy carries the requests and the picker decides them."""
     runtime = Runtime(config)
     app = web.Application(
         middlewares=[error_middleware, auth_middleware(_current_keys)],
@@ -77,25 +82,32 @@ def create_app(config: Config, *, tokens: TokenCounter | None = None) -> web.App
     app.cleanup_ctx.append(profiling.profile_ctx)  # after the session: stopped before it
     app[RNG] = random.Random(config.routing.tuning.seed)
     app[responses.RESPONSE_OWNERS] = responses.ResponseOwners()
+    if forward:
+        _add_forwarding_routes(app)
+    app.router.add_get("/health", handlers.health)
+    app.router.add_get("/ready", handlers.ready)
+    app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/openapi.json", handlers.openapi)
+    # A dry-run decision and the live figures (the side-by-side page reads them).
+    app.router.add_post("/decide/v1/chat/completions", decision.chat_completions)
+    app.router.add_post("/decide/v1/completions", decision.completions)
+    app.router.add_get("/stats", figures.stats)
+    if forward:
+        # The side-by-side page, and last every other path of vLLM's server, passed
+        # through or refused by its fate.
+        app.router.add_get(ui.PATH, ui.page)
+        app.router.add_get(ui.PATH + "/{name}", ui.page)
+        app.router.add_route("*", "/{tail:.*}", passthrough.handle)
+    return app
+
+
+def _add_forwarding_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_post("/v1/responses", handlers.create_response)
     app.router.add_get("/v1/responses/{response_id}", responses.stored)
     app.router.add_post("/v1/responses/{response_id}/cancel", responses.stored)
     app.router.add_get("/v1/models", handlers.models)
-    app.router.add_get("/health", handlers.health)
-    app.router.add_get("/ready", handlers.ready)
-    app.router.add_get("/metrics", handlers.metrics)
-    app.router.add_get("/openapi.json", handlers.openapi)
-    # The side-by-side page and what it reads: a dry-run decision, the live figures.
-    app.router.add_get(ui.PATH, ui.page)
-    app.router.add_get(ui.PATH + "/{name}", ui.page)
-    app.router.add_post("/decide/v1/chat/completions", decision.chat_completions)
-    app.router.add_post("/decide/v1/completions", decision.completions)
-    app.router.add_get("/stats", figures.stats)
-    # Last: every other path of vLLM's server, passed through or refused by its fate.
-    app.router.add_route("*", "/{tail:.*}", passthrough.handle)
-    return app
 
 
 def _current_keys(request: web.Request) -> Keys:

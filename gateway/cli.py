@@ -1,6 +1,6 @@
-"""`specroute serve | profile | emulate | demo | bench | advise | train`: the command line.
+"""`specroute serve | ext-proc | profile | emulate | demo | bench | advise | train`: the CLI.
 
-Only `serve` is production code; every other command lives in tooling/ and is
+Only `serve` and `ext-proc` are production code; every other command lives in tooling/ and is
 imported only when it runs, so the gateway starts without the bench, the
 emulator, scikit-learn or matplotlib. tooling/ is its own distribution,
 specroute-tools (tooling/pyproject.toml); without it those commands say how to
@@ -102,6 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_arguments(profile_cmd)
     profile_cmd.add_argument("--out", type=Path, default=None, help="where to write the JSON")
     profile_cmd.add_argument("--show", action="store_true", help="print the stored profile")
+    _add_ext_proc_arguments(
+        commands.add_parser(
+            "ext-proc",
+            help="run as Envoy's external processor (gRPC), deciding what Envoy forwards",
+            description="Envoy's ext_proc server (envoy.service.ext_proc.v3) with the gateway's "
+            "decisions, learning, metrics, shadow copies and profile: Envoy carries the "
+            "requests. pool mode sets x-specroute-route for Envoy's route table; endpoint mode "
+            "names the server (the Gateway API Inference Extension's endpoint picker protocol). "
+            "docs/envoy.md.",
+        )
+    )
     commands.add_parser(
         "emulate",
         help="run one EMULATED vLLM server (see `specroute emulate --help`)",
@@ -120,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "ext-proc":
+            return _ext_proc(args)
         if args.command == "profile":
             from gateway.profile_cli import run_profile
 
@@ -156,6 +169,52 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start two EMULATED vLLM backends in-process and serve in front of them",
     )
+
+
+def _add_ext_proc_arguments(p: argparse.ArgumentParser) -> None:
+    _add_config_arguments(p)
+    p.add_argument("--host", default=None, help="address of both ports (default: server.host)")
+    p.add_argument("--port", type=int, default=9002, help="the gRPC port Envoy calls (9002)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9003,
+        help="HTTP port of /metrics, /health, /ready, /stats, /decide (9003)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("pool", "endpoint"),
+        default="pool",
+        help="pool: set x-specroute-route (Envoy's route table picks the cluster); endpoint: "
+        "set x-gateway-destination-endpoint and envoy.lb metadata (an ORIGINAL_DST cluster)",
+    )
+
+
+def _ext_proc(args: argparse.Namespace) -> int:
+    from gateway.extproc.server import serve as serve_ext_proc
+    from gateway.extproc.stream import Mode
+
+    config = resolve_config(args.config, args.host, None, args.backend)
+    configure_logging(config.logging.level)
+    host = config.server.host
+    print(
+        f"specroute ext-proc ({args.mode} mode) on grpc://{host}:{args.port}, metrics on "
+        f"http://{host}:{args.metrics_port}/metrics "
+        f"(speculative={','.join(config.backends.speculative.urls)} "
+        f"baseline={','.join(config.backends.baseline.urls)})",
+        file=sys.stderr,
+        flush=True,
+    )
+    asyncio.run(
+        serve_ext_proc(
+            config,
+            mode=Mode(args.mode),
+            host=host,
+            grpc_port=args.port,
+            http_port=args.metrics_port,
+        )
+    )
+    return 0
 
 
 def resolve_config(

@@ -85,7 +85,7 @@ async def dispatch(
     one that died under a request may be back (restarted), or one that was sick a
     moment ago may answer now, when its stand-in dies too."""
     pool = request.app[BACKENDS]
-    route = _admit(pool, config, routed, life)
+    route = admit(pool, config, routed, life)
     budget_slots = 0
     first_dead = False
     try:
@@ -220,7 +220,7 @@ def _retry(pool: BackendPool, config: Config, route: Route, pair: int) -> _FailO
     return None
 
 
-def _admit(pool: BackendPool, config: Config, routed: Routed, life: RequestLife) -> Route:
+def admit(pool: BackendPool, config: Config, routed: Routed, life: RequestLife) -> Route:
     """Where the request goes first: the chosen backend if it is healthy and has room,
     else the other (an override or a static route included), else 429. A pinned
     request goes to its endpoint, healthy or not: no other has what it names."""

