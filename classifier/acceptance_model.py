@@ -8,8 +8,9 @@ by field, and a file made for another feature set is refused with a message
 that says what differs (ModelFileError), never silently misapplied.
 
 The target is the per-position acceptance a (see speculation.py), recovered
-from each record's accepted / proposed ratio, so a model trained with one
-number of speculative tokens still applies when k changes.
+from each record's accepted drafts per decode step over k (the outcome log's
+acceptance_per_step), so a model trained with one number of speculative
+tokens still applies when k changes.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class AcceptanceRecord:
     code_like: bool
     temperature: float
     prompt_tokens: int
-    acceptance: float  # accepted / proposed draft tokens, as vLLM reports
+    acceptance: float  # accepted drafts per decode step / k (vLLM's accepted/drafted in old logs)
     weight: float = 1.0  # e.g. proposed draft tokens: long answers measure acceptance better
 
     @classmethod

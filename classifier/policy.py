@@ -117,7 +117,7 @@ class FinishedRequest(Protocol):
     @property
     def completion_tokens(self) -> int: ...
     @property
-    def acceptance(self) -> float | None: ...  # accepted/draft tokens, speculative only
+    def acceptance(self) -> float | None: ...  # accepted drafts per step / k, speculative only
     @property
     def predicted_s(self) -> float | None: ...  # the prediction for the route that answered
     @property

@@ -9,7 +9,13 @@ against its profile. One route's costs are never guessed from another's.
 
     e2e_r = queue_r + ttft_r(prompt + prefill ahead)
           + (n_out - 1) / tau_r * (step_r(b_r + n) * drift_r + overlap * step_o(b_o))
-    tau   = 1 + k * rho       (rho: accepted / drafted tokens; 1 without speculation)
+    tau   = 1 + k * rho       (1 without speculation)
+
+rho is accepted drafts per decode step over k, every step counted: not vLLM's
+accepted / drafted, which counts only the steps that drafted. vLLM's n-gram
+drafter proposes nothing where the text has no match; on the real CPU pair a
+chat answer drafted on 2 of 61 steps at a rate of 0.38, 1.05 tokens a step
+where 1 + k * 0.38 says 2.5 (gateway/measure.py).
 
 The rule, after the guards (kv-pressure, spec-busy: explicit and first):
 
@@ -103,7 +109,7 @@ class RouterConfig:
     switch_margin: float = 0.15
     # Weight of a profile probe's acceptance, in requests (the profile runs about
     # two probes per workload kind), and the spread of a request's acceptance
-    # around its workload's mean before any is measured (accepted/drafted rate).
+    # around its workload's mean before any is measured (in units of rho).
     probe_weight: float = 2.0
     prior_sd: float = 0.2
     # Memories, in requests: acceptance and failures follow a changed draft or
@@ -132,7 +138,7 @@ class RouterConfig:
 
 @dataclass(slots=True)
 class AcceptanceBelief:
-    """Posterior of one key's mean acceptance rate rho (accepted / drafted tokens).
+    """Posterior of one key's mean acceptance rho (accepted drafts per step / k).
 
     Decayed sums of the requests' rates (weight, weighted sum, weighted sum of
     squares) plus a prior worth prior_n requests at prior_mean with spread

@@ -21,7 +21,7 @@ def count_request(metrics: Metrics, record: RequestRecord) -> None:
         metrics.failovers.labels(record.failover_from.value, route).inc()
     if record.acceptance is not None:
         metrics.acceptance.labels(workload, record.acceptance.source).observe(
-            record.acceptance.rate
+            record.acceptance.per_step
         )
     if record.status != "2xx":
         return
@@ -54,6 +54,7 @@ def log_request(record: RequestRecord) -> None:
         acceptance=rounded(acceptance.rate) if acceptance else None,
         acceptance_length=rounded(acceptance.mean_length) if acceptance else None,
         acceptance_source=acceptance.source if acceptance else None,
+        acceptance_per_step=rounded(acceptance.per_step) if acceptance else None,
         ttft_s=rounded(record.ttft_s),
         tpot_s=rounded(record.tpot_s),
         duration_s=rounded(record.duration_s),

@@ -64,6 +64,7 @@ def outcome_line(record: RequestRecord, *, include_prompt: bool) -> dict[str, An
             rounded(record.acceptance.mean_length) if record.acceptance else None
         ),
         "acceptance_source": record.acceptance.source if record.acceptance else None,
+        "acceptance_per_step": rounded(record.acceptance.per_step) if record.acceptance else None,
     }
     prompt = record.body.get("messages", record.body.get("prompt"))
     if include_prompt and prompt is not None:

@@ -12,7 +12,8 @@ Per route:
   on a speculative server the steps are vLLM's own count (per-request
   metrics, else its counters over the batch);
 - acceptance: the built-in probe prompts of every workload kind, on each
-  speculative route alone, 1 + accepted / steps per kind;
+  speculative route alone, 1 + accepted / steps per kind, every decode step
+  counted (those an n-gram drafter proposed nothing on too);
 - overlap: a speculative request's step while the baseline runs a batch, less
   its step alone, over the baseline's step at that batch.
 
@@ -234,15 +235,6 @@ _LONG_BODY: dict[str, Any] = {
 }
 
 
-def _steps(answer: Mapping[str, Any]) -> float | None:
-    metrics = answer.get("metrics")
-    if isinstance(metrics, dict):
-        spec = metrics.get("speculative_decoding")
-        if isinstance(spec, dict) and isinstance(spec.get("num_spec_steps"), int | float):
-            return float(spec["num_spec_steps"])
-    return None
-
-
 def _accepted(answer: Mapping[str, Any]) -> float | None:
     metrics = answer.get("metrics")
     if isinstance(metrics, dict):
@@ -385,6 +377,14 @@ def _window_step(streams: Sequence[Sequence[float]]) -> float:
     return median(gaps)  # the median gap: robust to a client that reads chunks late
 
 
+def _accepted_between(before: Any, after: Any) -> float | None:
+    if before is None or after is None:
+        return None
+    if before.accepted_tokens is None or after.accepted_tokens is None:
+        return None
+    return float(after.accepted_tokens - before.accepted_tokens)
+
+
 async def _acceptance(
     probe: _Probe,
     t: ProfileTarget,
@@ -407,24 +407,18 @@ async def _acceptance(
             missing.append(f"{t.name}: acceptance of {workload.value}: {exc}")
             continue
         after = await probe.scrape(t)
-        steps, accepted = _steps(answer), _accepted(answer)
-        counted = (
-            before is not None
-            and after is not None
-            and None
-            not in (
-                before.drafts,
-                after.drafts,
-            )
-        )
-        if (steps is None or accepted is None) and counted:
-            steps = (after.drafts or 0) - (before.drafts or 0)
-            accepted = (after.accepted_tokens or 0) - (before.accepted_tokens or 0)
-        if steps == 0 and not accepted:  # nothing drafted (no n-gram match): 1 a step
-            usage = answer.get("usage") if isinstance(answer, dict) else None
-            produced = usage.get("completion_tokens") if isinstance(usage, dict) else None
-            steps, accepted = (float(produced), 0.0) if isinstance(produced, int) else (0, 0)
-        if not steps or accepted is None:
+        accepted = _accepted(answer)
+        if accepted is None:  # no per-request metrics: the counters' delta
+            accepted = _accepted_between(before, after)
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        produced = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        # Every decode step counts, drafted or not: after the prefill's first token a
+        # step yields 1 + its accepted drafts (an n-gram drafter with no match proposes
+        # nothing, and vLLM's own step count leaves that step out).
+        steps = None
+        if isinstance(produced, int) and accepted is not None:
+            steps = produced - 1 - accepted
+        if steps is None or steps <= 0 or accepted is None:
             missing.append(f"{t.name}: acceptance of {workload.value}: no counts")
             continue
         total = sums.setdefault(workload, [0.0, 0.0])

@@ -19,13 +19,7 @@ from typing import Any
 
 from classifier.features import Endpoint, RequestFeatures, Workload
 from classifier.policy import Decision, LiveState, Route
-from gateway.measure import (
-    MeasuredAcceptance,
-    from_counters,
-    from_report,
-    from_stream_steps,
-    reports_spec_metrics,
-)
+from gateway.measure import MeasuredAcceptance, measured_acceptance, reports_spec_metrics
 
 CLIENT_DISCONNECT = "client_disconnect"
 # Envoy ended the picker's stream before the answer ended (gateway/extproc): the
@@ -214,7 +208,7 @@ class RequestRecord:
             return None
         if self.completion_tokens is None or self.completion_tokens <= 0:
             return None
-        rate = self.acceptance.rate if self.acceptance else None
+        rate = self.acceptance.per_step if self.acceptance else None
         return Lesson(
             self.route, self.features, self.state, self.ttft_s, self.duration_s,
             self.prompt_tokens, self.completion_tokens, rate, self.predicted_s, self.pair,
@@ -233,7 +227,7 @@ class Lesson:
     duration_s: float
     prompt_tokens: int | None
     completion_tokens: int
-    acceptance: float | None
+    acceptance: float | None  # accepted drafts per decode step / k (MeasuredAcceptance.per_step)
     predicted_s: float | None
     pair: int = 0  # the GPU pair it was decided for: whose consolidation and topology learn
 
@@ -255,17 +249,15 @@ def _acceptance(
     num_speculative_tokens: int,
     attributed: AttributedRate | None,
 ) -> MeasuredAcceptance | None:
-    """Per-request metrics (exact), else the workload's counter attribution, else
-    the streamed steps; an answer whose metrics say nothing was drafted has none."""
-    if reports_spec_metrics(meter.report):
-        return from_report(meter.report)
+    """This answer's acceptance from the best source it has (gateway/measure.py)."""
     tokens = completion_tokens if isinstance(completion_tokens, int) else None
-    if features is None or tokens is None or tokens < 2:
-        return None  # one token is the prefill's: nothing was drafted
-    if attributed is not None:
-        measured = from_counters(attributed(features.workload), num_speculative_tokens)
-        if measured is not None:
-            return measured
-    if features.stream and features.n == 1:
-        return from_stream_steps(tokens, meter.token_events, num_speculative_tokens)
-    return None
+    if features is None:
+        return None
+    return measured_acceptance(
+        meter.report,
+        tokens,
+        meter.token_events,
+        features.stream and features.n == 1,
+        attributed(features.workload) if attributed is not None else None,
+        num_speculative_tokens,
+    )

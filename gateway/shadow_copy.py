@@ -22,13 +22,7 @@ import aiohttp
 
 from classifier.features import Endpoint, RequestFeatures
 from classifier.policy import Route
-from gateway.measure import (
-    MeasuredAcceptance,
-    from_counters,
-    from_report,
-    from_stream_steps,
-    reports_spec_metrics,
-)
+from gateway.measure import MeasuredAcceptance, measured_acceptance
 from gateway.proxy import has_token, loads_object
 from gateway.record import AttributedRate, RequestRecord
 
@@ -186,8 +180,8 @@ def answer_of(
     num_speculative_tokens: int,
     attributed: AttributedRate | None,
 ) -> ShadowAnswer:
-    """The figures of a read answer; acceptance (speculative side) from vLLM's
-    per-request metrics, else the counter attribution, else the streamed steps."""
+    """The figures of a read answer; acceptance (speculative side) from the best
+    source it has (gateway/measure.py)."""
     duration, ttft, token_events, report = measured
     usage = report.get("usage") if report else None
     usage = usage if isinstance(usage, dict) else {}
@@ -195,13 +189,14 @@ def answer_of(
     completion = completion if isinstance(completion, int) else None
     acceptance = None
     if route is Route.SPECULATIVE:
-        if reports_spec_metrics(report):
-            acceptance = from_report(report)
-        elif completion is not None and completion >= 2:
-            if attributed is not None:
-                acceptance = from_counters(attributed(features.workload), num_speculative_tokens)
-            if acceptance is None and features.stream:
-                acceptance = from_stream_steps(completion, token_events, num_speculative_tokens)
+        acceptance = measured_acceptance(
+            report,
+            completion,
+            token_events,
+            features.stream and features.n == 1,
+            attributed(features.workload) if attributed is not None else None,
+            num_speculative_tokens,
+        )
     return ShadowAnswer(
         duration, ttft, prompt if isinstance(prompt, int) else None, completion, acceptance
     )

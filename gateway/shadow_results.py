@@ -155,7 +155,7 @@ def shadow_lesson(
     figures; no prediction (none was made for this load), so no error is scored."""
     if not answer.completion_tokens or answer.completion_tokens <= 0:
         return None
-    rate = answer.acceptance.rate if answer.acceptance else None
+    rate = answer.acceptance.per_step if answer.acceptance else None
     return Lesson(
         route, primary.features, state, answer.ttft_s, answer.duration_s,
         answer.prompt_tokens, answer.completion_tokens, rate, None, primary.pair,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
@@ -41,11 +43,29 @@ def test_from_report_reads_vllm_metrics() -> None:
         2.5,
         PER_REQUEST_METRICS,
     )
+    assert measured.per_step == 0.375  # (2.5 - 1) / k: every step drafted, as far as it says
     assert from_report({"usage": {}}) is None
     assert from_report(None) is None
+
+
+def test_from_report_counts_the_steps_that_drafted_nothing() -> None:
+    """The real pair's chat answer at temperature 0 (2026-12-03): 64 tokens, 2 of its 61
+    steps drafted, 3 of 8 drafts accepted. vLLM's rate 0.375 and length 2.5 are the two
+    drafting steps'; the answer gained 63 / 60 = 1.05 tokens a step."""
+    measured = from_report(VLLM_REPORT, completion_tokens=64)
+    assert measured is not None
+    assert measured.rate == 0.375
+    assert measured.mean_length == pytest.approx(63 / 60)
+    assert measured.per_step == pytest.approx((63 / 60 - 1) / 4)
     nothing_drafted = json.loads(json.dumps(VLLM_REPORT))
-    nothing_drafted["metrics"]["speculative_decoding"]["num_draft_tokens"] = 0
-    assert from_report(nothing_drafted) is None
+    spec = nothing_drafted["metrics"]["speculative_decoding"]
+    spec.update(num_draft_tokens=0, num_spec_steps=0, num_accepted_draft_tokens=0)
+    none = from_report(nothing_drafted, completion_tokens=64)
+    assert none is not None  # a measurement: this answer gained nothing
+    assert (none.rate, none.mean_length, none.per_step) == (0.0, 1.0, 0.0)
+    # A length that cannot be (fewer steps than vLLM counted drafting): vLLM's own figure.
+    short = from_report(VLLM_REPORT, completion_tokens=4)
+    assert short is not None and short.mean_length == 2.5
 
 
 def test_from_stream_steps() -> None:

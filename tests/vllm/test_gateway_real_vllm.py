@@ -168,6 +168,12 @@ async def test_counters_move_only_where_the_request_was_routed_and_acceptance_ag
     line = next(e for e in logs if e["event"] == "request")
     assert line["acceptance_source"] == "per_request_metrics"
     assert line["acceptance"] == pytest.approx(accepted / drafted, abs=1e-6)
+    # What the router learns counts every decode step, those that drafted nothing too:
+    # after the first token each step yields 1 + its accepted drafts.
+    tokens = line["completion_tokens"]
+    assert line["acceptance_length"] == pytest.approx(
+        (tokens - 1) / (tokens - 1 - accepted), abs=1e-3
+    )
 
 
 async def test_client_disconnect_through_the_gateway_aborts_in_vllm(
