@@ -161,3 +161,34 @@ async def test_picker_stopped_mid_run_fails_open(stack_for: StackFactory) -> Non
             assert r.status == 200
             assert "x-specroute-route" not in r.headers
     assert (await emulator_state(stack.base_url))["submitted"] == 1
+
+
+async def test_a_draining_picker_is_taken_out_and_new_requests_fail_open(
+    stack_for: StackFactory,
+) -> None:
+    """Its gRPC health turns NOT_SERVING: Envoy's grpc_health_check takes it out of the
+    picker cluster, new requests go on unrouted to the default route, and the stream
+    already open keeps its picker to the end."""
+    stack = await stack_for()
+    admin = stack.envoy.admin
+    assert await envoy_stat(admin, "cluster.specroute_picker.membership_healthy") == 1
+    long = chat(stream=True, max_tokens=4000, min_tokens=4000, ignore_eos=True)
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(f"{stack.envoy.url}/v1/chat/completions", json=long)
+        assert r.headers["x-specroute-route"] == "speculative"
+        await r.content.readline()
+        drained = asyncio.create_task(stack.picker.drain(drain_s=30))
+
+        async def out() -> bool:
+            return await envoy_stat(admin, "cluster.specroute_picker.membership_healthy") == 0
+
+        await wait_until(out, "Envoy's health check took the picker out", timeout_s=10)
+        async with s.post(f"{stack.envoy.url}/v1/chat/completions", json=chat()) as fresh:
+            assert fresh.status == 200
+            assert "x-specroute-route" not in fresh.headers  # nobody decided: fail open
+        assert await r.content.readline()  # the open stream still flows
+        assert not drained.done()
+        r.close()  # it ends (here: the client leaves); the drain is over
+        assert await asyncio.wait_for(drained, 10) == 0
+    assert (await emulator_state(stack.base_url))["submitted"] == 1
+    assert await envoy_stat(admin, "cluster.specroute_picker.health_check.failure") >= 1
