@@ -25,7 +25,10 @@ load it is a reference, not a bound). Split: on the shared GPU, the share of
 the time the GPU has work in which BOTH servers have requests in flight (the
 emulator's engines, sampled every SAMPLE_S), and the share of requests that
 arrived at one server while the other had requests in flight. Figures are
-means over the seeds with their spread (min-max).
+means over the seeds with their spread (min-max). CPU/wall: this process's CPU
+time (the emulators, the serve replicas, the picker and the client; not the
+Envoys) over the measured run's wall time, mean over the seeds: near 1, the
+e2e figures include waiting for the CPU, not only the modelled GPU.
 
 It prints the commit it ran at: docs/scaling.md's before/after figures are
 this script at the commit before gateway/live.py and at the one after.
@@ -172,6 +175,7 @@ class Cell:
     regret: list[float] = field(default_factory=list)
     split_time: list[float] = field(default_factory=list)
     split_requests: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # this process's CPU / wall, measured run
 
 
 def port(url: str) -> int:
@@ -201,6 +205,7 @@ async def run_seed(
     counts: Counts,
     time_scale: float,
     tokens: TokenCounter,
+    scrape_s: float | None,
     workdir: Path,
     cells: dict[tuple[int, str, int], Cell],
 ) -> None:
@@ -229,6 +234,13 @@ async def run_seed(
         def config(policy: str = "profiled") -> Config:
             c: Config = gateway_config(spec, base, k=k, time_scale=time_scale, policy=policy)
             routing = dataclasses.replace(c.routing, profile_path=profile_path)
+            if scrape_s is not None:  # as told, at time scale 1
+                c = dataclasses.replace(
+                    c,
+                    upstream=dataclasses.replace(
+                        c.upstream, scrape_interval_s=scrape_s * time_scale
+                    ),
+                )
             return dataclasses.replace(c, routing=routing)
 
         oracle = [
@@ -265,40 +277,47 @@ async def run_seed(
             for setup in SETUPS:
                 urls = replicas[setup]
                 await round_robin(urls, warm[: counts.warmup[level]], level)
+                wall, cpu = time.perf_counter(), time.process_time()
                 async with sampling(engines) as split:
                     sent = await round_robin(urls, requests, level)
                 cell = cells.setdefault((gpus, setup, level), Cell())
+                cell.cpu.append((time.process_time() - cpu) / (time.perf_counter() - wall))
                 cell.regret.append(mean_e2e(sent) / best)
                 if gpus == 1:
                     cell.split_time.append(split.time_share())
                     cell.split_requests.append(split.request_share())
 
 
-async def main(seeds: int, counts: Counts, time_scale: float) -> int:
+async def main(
+    seeds: int, counts: Counts, time_scale: float, scrape_s: float | None, topologies: Sequence[int]
+) -> int:
     tokens = load_tiktoken_counter()
     started = time.perf_counter()
     cells: dict[tuple[int, str, int], Cell] = {}
     print(
         f"replicas on EMULATED backends (modelled GPU timing, NOT GPU measurements), "
-        f"time scale {time_scale}, {seeds} seeds, loopback only, at {commit()}",
+        f"time scale {time_scale}, {seeds} seeds, scrape interval "
+        f"{'config.toml' if scrape_s is None else scrape_s} s x the time scale, "
+        f"loopback only, at {commit()}",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        for gpus in (1, 2):
+        for gpus in topologies:
             for seed in range(1, seeds + 1):
-                await run_seed(gpus, seed, counts, time_scale, tokens, Path(tmp), cells)
+                await run_seed(gpus, seed, counts, time_scale, tokens, scrape_s, Path(tmp), cells)
                 took = time.perf_counter() - started
                 print(f"  [emulated] gpus={gpus} seed={seed}: {took:.0f} s", file=sys.stderr)
     print(
         "\n| emulated topology | setup | c | requests | regret vs oracle, mean (min-max) "
-        "| both servers busy, share of busy time | requests arriving split |"
+        "| both servers busy, share of busy time | requests arriving split | CPU/wall |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for (gpus, setup, level), cell in cells.items():
         topology = "one shared GPU" if gpus == 1 else "a GPU each"
         print(
             f"| {topology} | {setup} | {level} | {counts.measured[level]} | {spread(cell.regret)} "
-            f"| {spread(cell.split_time)} | {spread(cell.split_requests)} |"
+            f"| {spread(cell.split_time)} | {spread(cell.split_requests)} "
+            f"| {statistics.fmean(cell.cpu):.2f} |"
         )
     print(f"\n[EMULATED] {time.perf_counter() - started:.0f} s")
     return 0
@@ -311,8 +330,15 @@ if __name__ == "__main__":
     parser.add_argument("--smoke", action="store_true", help="one seed, few requests")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--time-scale", type=float, default=0.2)
+    parser.add_argument(
+        "--gpus", choices=("1", "2", "both"), default="both", help="1: one shared GPU; 2: one each"
+    )
+    parser.add_argument(
+        "--scrape-interval-s", type=float, default=None, help="upstream.scrape_interval_s"
+    )
     args = parser.parse_args()
     configure_logging("error")
     seeds = 1 if args.smoke else args.seeds
     counts = SMOKE if args.smoke else FULL
-    sys.exit(asyncio.run(main(seeds, counts, args.time_scale)))
+    topologies = (1, 2) if args.gpus == "both" else (int(args.gpus),)
+    sys.exit(asyncio.run(main(seeds, counts, args.time_scale, args.scrape_interval_s, topologies)))
