@@ -1,14 +1,17 @@
 """The Envoy bootstrap's failure modes, as deploy/envoy/envoy.yaml states them, and the
 picker's accounting through each: a client that goes away, a server that fails before
-a byte, one that breaks or dies mid-answer, and the picker itself down (fail open)."""
+a byte, one that breaks or dies mid-answer, and the picker itself down, draining or
+slower than message_timeout (fail open)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 import pytest
 
+from gateway.extproc.stream import PickerStream
 from tests.extproc.conftest import Stack, StackFactory
 from tests.extproc.envoy_support import envoy_stat
 from tests.extproc.helpers import chat, emulator_state, metric
@@ -192,3 +195,39 @@ async def test_a_draining_picker_is_taken_out_and_new_requests_fail_open(
         assert await asyncio.wait_for(drained, 10) == 0
     assert (await emulator_state(stack.base_url))["submitted"] == 1
     assert await envoy_stat(admin, "cluster.specroute_picker.health_check.failure") >= 1
+
+
+async def test_a_picker_slower_than_message_timeout_fails_open(
+    stack_for: StackFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped message_timeout (1 s) decides: a decision that takes longer is given
+    up on, the request goes on unrouted to the default route, and the late picker's
+    stream is closed by Envoy and frees its count."""
+    stack = await stack_for()
+    slow = asyncio.Event()
+    decide = PickerStream._decide
+
+    async def late(self: PickerStream, life: Any, raw: bytes) -> Any:
+        if slow.is_set():
+            await asyncio.sleep(1.5)  # a picker stuck behind a flood
+        return await decide(self, life, raw)
+
+    monkeypatch.setattr(PickerStream, "_decide", late)
+    admin = stack.envoy.admin
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{stack.envoy.url}/v1/chat/completions", json=chat()) as r:
+            assert r.headers["x-specroute-route"] == "speculative"  # in time: decided
+        slow.set()
+        for stream in (False, True):
+            started = asyncio.get_running_loop().time()
+            async with s.post(
+                f"{stack.envoy.url}/v1/chat/completions", json=chat(stream=stream)
+            ) as r:
+                assert r.status == 200
+                assert "x-specroute-route" not in r.headers  # nobody decided in time
+                await r.read()
+            assert asyncio.get_running_loop().time() - started < 1.5  # Envoy did not wait
+    await _settled(stack)
+    assert await envoy_stat(admin, "http.specroute.ext_proc.message_timeouts") == 2
+    assert await envoy_stat(admin, "http.specroute.ext_proc.failure_mode_allowed") == 2
+    assert (await emulator_state(stack.base_url))["submitted"] == 2
