@@ -39,17 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.overhead import free_port, pct, process, rss_mb  # noqa: E402
-from tests.extproc.envoy_support import (  # noqa: E402
-    ADMIN,
-    BASELINE,
-    LISTENER,
-    PICKER,
-    POOL_BOOTSTRAP,
-    SPECULATIVE,
-    envoy_binary,
-    envoy_stat,
-    render,
-)  # fmt: skip
+from tests.extproc.envoy_support import envoy_command, envoy_stat, render_pool  # noqa: E402
 from tests.extproc.helpers import chat, emulator_state, metric  # noqa: E402
 from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import wait_healthy  # noqa: E402
@@ -164,14 +154,12 @@ async def main(args: argparse.Namespace) -> int:
         picker = f"http://127.0.0.1:{metrics_port}"
         await wait_healthy(picker)
         await wait_for_profile(aiohttp.ClientSession, picker, sys.stderr)
-        ports = {SPECULATIVE: spec_port, BASELINE: base_port, PICKER: grpc_port,
-                 LISTENER: envoy_port, ADMIN: free_port()}  # fmt: skip
-        config = render(POOL_BOOTSTRAP, ports, Path(tmp) / "envoy.json")
-        envoy_cmd = [envoy_binary(), "-c", str(config), "--disable-hot-restart",
-                     "--concurrency", "1", "-l", "error"]  # fmt: skip
-        with process(envoy_cmd, cpu=1):
+        admin_port = free_port()
+        config = render_pool(Path(tmp) / "envoy.json", speculative=spec_port, baseline=base_port,
+                             picker=grpc_port, listener=envoy_port, admin=admin_port)  # fmt: skip
+        with process(envoy_command(config, "-l", "error"), cpu=1):
             front = f"http://127.0.0.1:{envoy_port}"
-            admin = f"http://127.0.0.1:{ports[ADMIN]}"
+            admin = f"http://127.0.0.1:{admin_port}"
             await wait_healthy(front)
             t0 = time.perf_counter()
             soak, samples = await drive(

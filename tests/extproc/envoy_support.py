@@ -48,6 +48,21 @@ def render(path: Path, ports: Mapping[int, int], out: Path, **edit: Any) -> Path
     return out
 
 
+def render_pool(
+    out: Path, *, speculative: int, baseline: int, picker: int, listener: int, admin: int
+) -> Path:
+    """deploy/envoy/envoy.yaml (pool mode) on these 127.0.0.1 ports, written to `out`."""
+    ports = {SPECULATIVE: speculative, BASELINE: baseline, PICKER: picker,
+             LISTENER: listener, ADMIN: admin}  # fmt: skip
+    return render(POOL_BOOTSTRAP, ports, out)
+
+
+def envoy_command(config: Path, *extra: str) -> list[str]:
+    """Envoy on `config`, one worker thread, as the tests and benchmarks run it."""
+    return [envoy_binary(), "-c", str(config), "--disable-hot-restart", "--concurrency", "1",
+            *extra]  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Envoy:
     url: str  # the listener, http://127.0.0.1:PORT
@@ -58,14 +73,11 @@ class Envoy:
 @contextlib.asynccontextmanager
 async def run_envoy(config: Path, workdir: Path) -> AsyncIterator[Envoy]:
     """Start Envoy on `config`; yield once its listener is up; stop it."""
-    binary = envoy_binary()
     admin_file = workdir / "admin.txt"
     log = (workdir / "envoy.log").open("wb")
     process = _spawn(
-        [binary, "-c", str(config), "--disable-hot-restart", "--concurrency", "1",
-         "-l", "warning", "--admin-address-path", str(admin_file)],
-        log,
-    )  # fmt: skip
+        envoy_command(config, "-l", "warning", "--admin-address-path", str(admin_file)), log
+    )
     try:
         admin = await _admin_address(admin_file, process, workdir)
         url = await _listener(admin, process, workdir)
