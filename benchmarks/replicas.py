@@ -232,7 +232,12 @@ async def run_seed(
         profile_path = str(workdir / f"profile-{gpus}-{seed}.json")
 
         def config(policy: str = "profiled") -> Config:
-            c: Config = gateway_config(spec, base, k=k, time_scale=time_scale, policy=policy)
+            # No shadow copies from the oracle's gateways: they would be other clients' load
+            # on the pair while a setup is measured.
+            shadow = policy == "profiled"
+            c: Config = gateway_config(
+                spec, base, k=k, time_scale=time_scale, policy=policy, shadow=shadow
+            )
             routing = dataclasses.replace(c.routing, profile_path=profile_path)
             if scrape_s is not None:  # as told, at time scale 1
                 c = dataclasses.replace(
@@ -294,10 +299,10 @@ async def main(
     tokens = load_tiktoken_counter()
     started = time.perf_counter()
     cells: dict[tuple[int, str, int], Cell] = {}
+    scrape = "config.toml's" if scrape_s is None else f"{scrape_s} s"
     print(
         f"replicas on EMULATED backends (modelled GPU timing, NOT GPU measurements), "
-        f"time scale {time_scale}, {seeds} seeds, scrape interval "
-        f"{'config.toml' if scrape_s is None else scrape_s} s x the time scale, "
+        f"time scale {time_scale}, {seeds} seeds, scrape interval {scrape} x the time scale, "
         f"loopback only, at {commit()}",
         flush=True,
     )
