@@ -39,7 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.overhead import free_port, pct, process, rss_mb  # noqa: E402
-from tests.extproc.envoy_support import envoy_command, envoy_stat, render_pool  # noqa: E402
+from tests.extproc.envoy_support import (  # noqa: E402
+    envoy_command,
+    envoy_stat,
+    picker_in,
+    render_pool,
+)
 from tests.extproc.helpers import chat, emulator_state, metric  # noqa: E402
 from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import wait_healthy  # noqa: E402
@@ -161,6 +166,7 @@ async def main(args: argparse.Namespace) -> int:
             front = f"http://127.0.0.1:{envoy_port}"
             admin = f"http://127.0.0.1:{admin_port}"
             await wait_healthy(front)
+            await picker_in(admin)
             t0 = time.perf_counter()
             soak, samples = await drive(
                 front, args.n, args.concurrency, deadline, args.every, picker_proc.pid
@@ -210,6 +216,8 @@ def report(
     for line in (soak.failed + flood.failed)[:10]:
         print(f"  failed: {line}")
     leaks = [k for k, v in end.items() if v != 0]
+    if before["failure_mode_allowed"] or before["streams_started"] < sent:
+        leaks.append("requests of the soak that did not reach the picker")
     bad = bool(leaks or soak.failed or growth > args.rss_bound_mb)
     bad |= after["streams_started"] != after["streams_closed"] + after["streams_failed"]
     print("FAIL: " + ", ".join(leaks) if bad else "OK: nothing left in flight, RSS flat")

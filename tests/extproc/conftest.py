@@ -25,6 +25,7 @@ from tests.extproc.envoy_support import (
     POOL_BOOTSTRAP,
     SPECULATIVE,
     Envoy,
+    picker_in,
     render,
     run_envoy,
 )
@@ -107,6 +108,8 @@ async def stack_for(tmp_path: Path, tokens: TokenCounter) -> AsyncIterator[Stack
             }  # fmt: skip
             rendered = render(bootstrap, ports, tmp_path / "envoy.json")
             envoy = await exits.enter_async_context(run_envoy(rendered, tmp_path))
+            if picker_up:
+                await picker_in(envoy.admin)  # else the first requests would fail open
             return Stack(envoy, picker, spec_url, base_url, runners)
 
         yield make

@@ -163,3 +163,16 @@ async def envoy_stat(admin: str, name: str) -> int:
         if key == name:
             return int(value)
     raise KeyError(name)
+
+
+async def picker_in(admin: str, timeout_s: float = 15.0) -> None:
+    """Until Envoy's health check has the picker in: before that, every request fails
+    open (no healthy host in the picker cluster)."""
+    name = "cluster.specroute_picker.membership_healthy"
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await envoy_stat(admin, name) != 1:
+        if asyncio.get_running_loop().time() > deadline:
+            checks = {n: await envoy_stat(admin, f"cluster.specroute_picker.health_check.{n}")
+                      for n in ("attempt", "success", "failure", "network_failure")}  # fmt: skip
+            raise AssertionError(f"Envoy's health check never took the picker in: {checks}")
+        await asyncio.sleep(0.05)

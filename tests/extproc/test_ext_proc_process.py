@@ -18,6 +18,7 @@ from tests.extproc.envoy_support import (
     PICKER,
     POOL_BOOTSTRAP,
     SPECULATIVE,
+    picker_in,
     render,
     run_envoy,
 )  # fmt: skip
@@ -66,6 +67,7 @@ async def test_the_command_serves_envoy_and_stops_on_sigterm(tmp_path: Path) -> 
                  LISTENER: 0, ADMIN: 0}  # fmt: skip
         config = render(POOL_BOOTSTRAP, ports, tmp_path / "envoy.json")
         async with run_envoy(config, tmp_path) as envoy, aiohttp.ClientSession() as s:
+            await picker_in(envoy.admin)
             body = chat(stream=True)
             async with s.post(f"{envoy.url}/v1/chat/completions", json=body) as r:
                 assert r.status == 200
