@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
