@@ -1,7 +1,7 @@
 """Several gateway replicas in front of one EMULATED pair: regret and batch splits.
 
-    flock /tmp/specroute-cpu.lock .venv/bin/python benchmarks/replicas.py           # ~25 min
-    flock /tmp/specroute-cpu.lock .venv/bin/python benchmarks/replicas.py --smoke   # ~2 min
+    flock /tmp/specroute-cpu.lock .venv/bin/python benchmarks/replicas.py           # ~8 min
+    flock /tmp/specroute-cpu.lock .venv/bin/python benchmarks/replicas.py --smoke   # ~1 min
 
 On EMULATED backends (modelled GPU timing, tooling/emulator/CALIBRATION.md), all
 on 127.0.0.1, for each topology (both servers on one emulated GPU, as deployed;
@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,10 +64,12 @@ from benchmarks.adaptation import (  # noqa: E402
     oracle_e2e,
 )
 from benchmarks.policy_vs_oracle import closed_loop  # noqa: E402
+from classifier.router import ProfiledPolicy  # noqa: E402
 from classifier.tokens import TokenCounter, load_tiktoken_counter  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.extproc.server import start as start_picker  # noqa: E402
+from gateway.state import RUNTIME  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
 from tests.extproc.envoy_support import (  # noqa: E402
     ADMIN,
@@ -176,6 +179,7 @@ class Cell:
     split_time: list[float] = field(default_factory=list)
     split_requests: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)  # this process's CPU / wall, measured run
+    routes: Counter[str] = field(default_factory=Counter)  # route/reason, over the seeds
 
 
 def port(url: str) -> int:
@@ -208,6 +212,7 @@ async def run_seed(
     scrape_s: float | None,
     workdir: Path,
     cells: dict[tuple[int, str, int], Cell],
+    overlaps: list[tuple[int, int, float]],
 ) -> None:
     # adaptation.py's default truth (CALIBRATION.md), per seed
     spec_cfg = emulator_config(Scenario("replicas", "", knobs={"seed": seed}), time_scale)
@@ -252,8 +257,12 @@ async def run_seed(
             await serve(create_app(config(f"static-{r}"), tokens=tokens))
             for r in ("speculative", "baseline")
         ]
-        first = await serve(create_app(config(), tokens=tokens))
+        first_app = create_app(config(), tokens=tokens)
+        first = await serve(first_app)
         await wait_for_profile(aiohttp.ClientSession, first, sys.stderr)
+        policy = first_app[RUNTIME].current.policy
+        profile = policy.profile if isinstance(policy, ProfiledPolicy) else None
+        overlaps.append((gpus, seed, profile.overlap if profile else float("nan")))
         second = await serve(create_app(config(), tokens=tokens))
         await wait_for_profile(aiohttp.ClientSession, second, sys.stderr)  # the file's
         replicas = {"1 serve": [first], "2 serve": [first, second]}
@@ -288,6 +297,7 @@ async def run_seed(
                 cell = cells.setdefault((gpus, setup, level), Cell())
                 cell.cpu.append((time.process_time() - cpu) / (time.perf_counter() - wall))
                 cell.regret.append(mean_e2e(sent) / best)
+                cell.routes.update(f"{r.route}/{r.reason}" for r in sent)
                 if gpus == 1:
                     cell.split_time.append(split.time_share())
                     cell.split_requests.append(split.request_share())
@@ -299,6 +309,7 @@ async def main(
     tokens = load_tiktoken_counter()
     started = time.perf_counter()
     cells: dict[tuple[int, str, int], Cell] = {}
+    overlaps: list[tuple[int, int, float]] = []
     scrape = "config.toml's" if scrape_s is None else f"{scrape_s} s"
     print(
         f"replicas on EMULATED backends (modelled GPU timing, NOT GPU measurements), "
@@ -309,7 +320,9 @@ async def main(
     with tempfile.TemporaryDirectory() as tmp:
         for gpus in topologies:
             for seed in range(1, seeds + 1):
-                await run_seed(gpus, seed, counts, time_scale, tokens, scrape_s, Path(tmp), cells)
+                await run_seed(
+                    gpus, seed, counts, time_scale, tokens, scrape_s, Path(tmp), cells, overlaps
+                )
                 took = time.perf_counter() - started
                 print(f"  [emulated] gpus={gpus} seed={seed}: {took:.0f} s", file=sys.stderr)
     print(
@@ -324,6 +337,15 @@ async def main(
             f"| {spread(cell.split_time)} | {spread(cell.split_requests)} "
             f"| {statistics.fmean(cell.cpu):.2f} |"
         )
+    print(
+        "\nthe profile's overlap per seed (all replicas and the picker load it; above 0.5 "
+        "the router treats the pair as one GPU and consolidates): "
+        + ", ".join(f"{g} GPU(s) seed {s} {o:.2f}" for g, s, o in overlaps)
+    )
+    print("\nroutes/reasons of the measured requests, over the seeds (emulated):")
+    for (gpus, setup, level), cell in cells.items():
+        tally = ", ".join(f"{k} {n}" for k, n in cell.routes.most_common())
+        print(f"  {gpus} GPU(s), {setup}, c={level}: {tally}")
     print(f"\n[EMULATED] {time.perf_counter() - started:.0f} s")
     return 0
 
