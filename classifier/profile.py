@@ -205,9 +205,8 @@ class RouteProfile:
 class EngineProfile:
     """Every route's profile, and how much one server's step waits for another's.
 
-    overlap: (a request's time while the other server runs a batch - its time
-    alone) / the other's work meanwhile, prefills included (0: a GPU each; 1: one
-    GPU that runs one step at a time; gateway/profiler.py). missing: what
+    overlap: (step while the other server runs a batch - step alone) / the other's
+    step (0: a GPU each; 1: one GPU that runs one step at a time). missing: what
     could not be measured (a server down, foreign load that never went away), to be
     retried in idle time.
     """
@@ -245,9 +244,9 @@ class EngineProfile:
 
         Past half, two servers side by side get less done than one server with
         the whole batch (a bigger batch costs little more per step), so the
-        batch belongs on one of them. The CPU pair (a core each) measured 0.26
-        (2026-12-03: memory bandwidth and the client on 2 cores); one emulated GPU
-        about 1, two emulated GPUs 0 (tests/gateway/test_profiler.py)."""
+        batch belongs on one of them. The CPU pair (a core each) measures about
+        0.14 (memory bandwidth and the client on 2 cores); one emulated GPU about
+        1, two emulated GPUs 0 (tests/gateway/test_profiler.py)."""
         return self.overlap > 0.5
 
     def to_json(self) -> dict[str, Any]:

@@ -14,9 +14,8 @@ Per route:
 - acceptance: the built-in probe prompts of every workload kind, on each
   speculative route alone, 1 + accepted / steps per kind, every decode step
   counted (those an n-gram drafter proposed nothing on too);
-- overlap: a speculative request's time beside a baseline batch (prefills
-  and decode, as traffic has them), less its time alone, over the baseline's
-  work in that time.
+- overlap: a speculative request's step while the baseline runs a batch, less
+  its step alone, over the baseline's step at that batch.
 
 Progress goes to a callable, one line per measurement.
 """
@@ -229,6 +228,11 @@ _STEP_BODY: dict[str, Any] = {
     "temperature": 0,
     "stream": True,
 }
+_LONG_BODY: dict[str, Any] = {
+    **_STEP_BODY,
+    "max_tokens": 4 * _STEP_TOKENS,
+    "min_tokens": 4 * _STEP_TOKENS,
+}
 
 
 def _accepted(answer: Mapping[str, Any]) -> float | None:
@@ -280,7 +284,7 @@ async def measure_profile(
     base = next((t for t in targets if t.num_speculative_tokens == 0), None)
     overlap = 0.0
     if spec is not None and base is not None:
-        overlap = await _overlap(probe, spec, base, ttft, step, tokens, missing)
+        overlap = await _overlap(probe, spec, base, step, missing)
     profile = EngineProfile(
         routes=tuple(
             RouteProfile(t.name, identities[t.name], ttft[t.name], step[t.name], accept[t.name])
@@ -432,60 +436,29 @@ async def _overlap(
     probe: _Probe,
     spec: ProfileTarget,
     base: ProfileTarget,
-    ttft: Mapping[str, Curve],
     step: Mapping[str, Curve],
-    tokens: TokenCounter,
     missing: list[str],
 ) -> float:
-    """How much of the baseline's work a speculative request waits for while both run.
-
-    The same request shape (a prompt of about 256 tokens, 24 tokens out) alone and
-    started together with a baseline batch of 4 such prompts (96 tokens out):
-    overlap = (e2e beside - e2e alone) / the baseline's work in that time (its
-    batch's prefill, ttft at 4 x the prompt, and one batch-4 step per step of ours).
-    Prefills count because traffic has them: on the CPU pair a decode-only probe
-    measured 0.09, while the benchmark's first four requests, split over both
-    servers with 200-700-token prompts, took 5.1-6.3 s against 2.7-3.3 s on one
-    (benchmarks/real_cpu.py, 2026-12-03)."""
-    if probe.left() < 10:
+    """(spec's step beside a baseline batch - alone) / the baseline's step at that batch."""
+    if probe.left() < 5:
         missing.append("overlap: out of time (assumed 0: a GPU each)")
         return 0.0
-    batch, prompt = 4, " ".join((_FILLER * 8).split()[:190])
-    prompt_tokens = float(tokens.count(prompt))
-
-    def body(n: int) -> dict[str, Any]:
-        tag = secrets.token_hex(4)  # never a prefix-cache hit
-        return {**_STEP_BODY, "prompt": f"[{tag}] {prompt}", "max_tokens": n, "min_tokens": n}
-
-    async def timed(t: ProfileTarget) -> tuple[float, int]:
-        started = time.perf_counter()
-        chunks = await probe.stream(t, body(_STEP_TOKENS))
-        return (chunks[-1] if chunks else time.perf_counter()) - started, len(chunks)
-
-    await timed(spec)  # this prompt shape may compile on its first use
-    alone = median([(await timed(spec))[0] for _ in range(2)])
-    extra: list[float] = []
-    besides: list[float] = []
-    done_first = False
-    for _ in range(2):
-        background = [
-            asyncio.ensure_future(probe.stream(base, body(4 * _STEP_TOKENS))) for _ in range(batch)
-        ]
-        try:
-            beside, chunks = await timed(spec)
-            besides.append(beside)
-            done_first = done_first or any(task.done() for task in background)
-        finally:
-            await asyncio.gather(*background, return_exceptions=True)
-        work = ttft[base.name].at(batch * prompt_tokens) + max(chunks - 1, 0) * step[base.name].at(
-            batch
-        )
-        extra.append((beside - alone) / work if work > 0 else 0.0)
+    batch = 4
+    background = [asyncio.ensure_future(probe.stream(base, _LONG_BODY)) for _ in range(batch)]
+    try:
+        await asyncio.sleep(step[base.name].at(batch) * 6)  # the batch is decoding
+        chunks = await probe.stream(spec, _STEP_BODY)
+        done_first = any(task.done() for task in background)
+    finally:
+        await asyncio.gather(*background, return_exceptions=True)
+    beside = _window_step([chunks])
+    alone = step[spec.name].at(1)
+    other = step[base.name].at(batch)
     if done_first:
         missing.append("overlap: the baseline batch ended first (underestimated)")
-    value = min(2.0, max(0.0, median(extra)))
+    value = min(2.0, max(0.0, (beside - alone) / other))
     probe.progress(
-        f"overlap: a speculative request took {alone:.3f} s alone and "
-        f"{median(besides):.3f} s beside a baseline batch of {batch}: {value:.2f}"
+        f"overlap: speculative step {alone * 1000:.1f} ms alone, {beside * 1000:.1f} ms "
+        f"beside a baseline batch of {batch} ({other * 1000:.1f} ms): {value:.2f}"
     )
     return value
