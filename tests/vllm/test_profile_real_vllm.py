@@ -44,7 +44,9 @@ async def test_the_profiler_measures_the_real_pair(
         assert route.identity.model == backends.model
         assert route.step.xs == (1.0, 2.0, 4.0)
         assert 0.005 < route.step.at(1) < 2.0
-        assert route.step.at(4) >= route.step.at(1) * 0.9  # a bigger batch is no cheaper
+        # A bigger batch is no cheaper: the profiler pools a dip (noise: this step is
+        # nearly flat on CPU, batch 1 above batch 4 in a CI run) into a flat stretch.
+        assert list(route.step.ys) == sorted(route.step.ys), route.step
         assert route.ttft.at(200) > route.ttft.at(12)  # prefill grows with the prompt
     tps = spec.tokens_per_step
     assert {Workload.STRUCTURED, Workload.CODE, Workload.CHAT} <= set(tps)
