@@ -60,6 +60,9 @@ class Upstream:
     reachable: bool = True
     scrape: Scrape | None = None
     inflight_at_scrape: int = 0  # our in-flight count when that scrape came in
+    # Others' requests there at the scrape before the last (None: unknown): requests
+    # that are still there a scrape later are not the gateway's own, lagging.
+    others_before: int | None = None
     acceptance: Acceptance | None = None  # over the last scrape window with drafts
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic time; passive ejection keeps it out till then
@@ -277,6 +280,12 @@ class BackendPool:
             baseline=self._backends[Route.BASELINE].state(age),
         )
 
+    def others_before(self, pair: int) -> dict[Route, int]:
+        """Others' requests on each route of `pair` at the scrape before the last."""
+        return {
+            route: sum(u.others_before or 0 for u in self.pairs[pair].of(route)) for route in Route
+        }
+
     def pick(self, route: Route, pair: int) -> Upstream:
         """The endpoint of `route` a request decided in `pair` goes to: the pair's own,
         else (it is down) the least busy healthy one of the route."""
@@ -446,6 +455,7 @@ class BackendPool:
             self.sources.window(
                 backend.route.value, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
             )
+            upstream.others_before = _others(upstream)
             upstream.scrape = scrape
             upstream.inflight_at_scrape = upstream.inflight
         for backend in self:

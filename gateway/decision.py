@@ -25,8 +25,8 @@ from aiohttp import web
 from classifier.features import Endpoint, RequestFeatures
 from classifier.policy import Decision, LiveState, Policy, Route
 from classifier.speculation import acceptance_rate, alpha_from_rate
-from gateway.handlers import read_and_analyse
-from gateway.state import BACKENDS, RUNTIME
+from gateway.handlers import live_state, read_and_analyse
+from gateway.state import RUNTIME
 
 
 async def chat_completions(request: web.Request) -> web.Response:
@@ -42,9 +42,7 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     snapshot = app[RUNTIME].current
     config = snapshot.config
     _, _, features = await read_and_analyse(request, endpoint, config)
-    pair, state = app[
-        BACKENDS
-    ].for_decision()  # as a request would be: the pair first, then the route
+    pair, state = live_state(app)  # as a request would be: the pair first, then the route
     decision = preview(snapshot.policy, features, state, pair)
     k = config.backends.speculative.num_speculative_tokens
     return web.json_response(

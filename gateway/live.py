@@ -1,0 +1,58 @@
+"""The load a decision sees when requests this process did not send are on the servers.
+
+Each replica of the gateway (several `specroute serve` behind one front, or
+other clients of the same vLLM servers) counts only its own requests in
+flight; the rest show only in the servers' scraped running + waiting
+(BackendState.others: that count less the gateway's own when the scrape came
+in). The cost model reads both (BackendState.load). Two rules of the decision
+read the gateway's own figures alone: a shared GPU is busy when the gateway has
+a request on it, and a busy shared GPU's batch is held by the server that the
+gateway's newest request went to. For one gateway with the servers to itself
+both are right. For two replicas they are not: a replica with nothing in flight
+saw an idle GPU under the other's batch, and each held the carrier its own
+newest request went to, so two replicas kept the batch split across the two
+servers (benchmarks/replicas.py, docs/scaling.md: both servers busy most of
+the time at c=8 with two replicas, never with one).
+
+So where the servers carry requests the gateway did not send, the decision gets
+the whole server: its in-flight count is the server's load (own + others, and
+others 0, so the load the cost model reads is unchanged), and no newest-request
+order, which no replica knows for the others' requests: the holder is then the
+server with the larger load, and every replica reads that from the same
+servers' /metrics.
+
+"Carry" means on two scrapes in a row. One scrape can show the gateway's own
+requests after they ended (vLLM's gauge and the scrape's trip lag the stream's
+last chunk), and a lone gateway that took that for another client's batch
+treated an idle pair as busy: it kept short idle-gap requests on one server and
+skipped their shadow copies (tests/gateway/test_shadow_emulated.py and the
+page's shadow pairs failed that way, 2026-12-03). A lagging count is gone a
+scrape (1 s) later; another replica's batch under load is not. Without such
+requests (one replica, no other clients) the state is the gateway's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from classifier.policy import BackendState, LiveState, Route
+
+
+def foreign(state: LiveState, others_before: Mapping[Route, int]) -> bool:
+    """Requests the gateway did not send on one route of the pair, at the last scrape
+    and at the one before it."""
+    return any(
+        (state.of(route).others or 0) > 0 and others_before.get(route, 0) > 0 for route in Route
+    )
+
+
+def whole_servers(state: LiveState, others_before: Mapping[Route, int]) -> LiveState:
+    """`state` as the servers carry it, where others' requests are on them (see above)."""
+    if not foreign(state, others_before):
+        return state
+    return LiveState(speculative=_whole(state.speculative), baseline=_whole(state.baseline))
+
+
+def _whole(backend: BackendState) -> BackendState:
+    return dataclasses.replace(backend, inflight=backend.load, others=0, last_start=0)
