@@ -27,9 +27,11 @@ import asyncio
 import itertools
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,9 +95,16 @@ async def one(session: aiohttp.ClientSession, url: str, i: int, tally: Tally) ->
 
 
 async def drive(
-    url: str, n: int, concurrency: int, deadline: float, every: int = 0, picker_pid: int = 0
+    url: str,
+    n: int,
+    concurrency: int,
+    deadline: float,
+    every: int = 0,
+    picker_pid: int = 0,
+    snapshot: bool = False,
 ) -> tuple[Tally, list[tuple[int, float]]]:
-    """n requests at `concurrency`; with `every`, the picker's RSS each `every` done."""
+    """n requests at `concurrency`; with `every`, the picker's RSS each `every` done (and,
+    with `snapshot`, a SIGUSR1 for a tracemalloc snapshot: benchmarks/malloc_dump.py)."""
     tally, samples = Tally(), [(0, rss_mb(picker_pid))] if every else []
     numbers = itertools.count()
     done = 0
@@ -111,6 +120,8 @@ async def drive(
                 done += 1
                 if every and done % every == 0:
                     samples.append((done, rss_mb(picker_pid)))
+                    if snapshot:
+                        os.kill(picker_pid, signal.SIGUSR1)
                     rate = done / (time.perf_counter() - started)
                     print(f"{done:>7} done  {rate:6.0f} req/s  picker RSS {samples[-1][1]:6.1f} MB"
                           f"  failed {len(tally.failed)}", file=sys.stderr, flush=True)  # fmt: skip
@@ -142,7 +153,9 @@ async def main(args: argparse.Namespace) -> int:
     spec_cmd = [*emulate, "--mode", "speculative", "--port", str(spec_port),
                 "--per-request-spec-decode-metrics", "summary"]  # fmt: skip
     base_cmd = [*emulate, "--mode", "baseline", "--port", str(base_port)]
-    picker_cmd = [py, "-m", "gateway.cli", "ext-proc", "--port", str(grpc_port),
+    traced = [py, str(ROOT / "benchmarks" / "malloc_dump.py"), args.trace_malloc, "gateway.cli"]
+    launch = traced if args.trace_malloc else [py, "-m", "gateway.cli"]
+    picker_cmd = [*launch, "ext-proc", "--port", str(grpc_port),
                   "--metrics-port", str(metrics_port), "--backend", f"speculative={spec}",
                   "--backend", f"baseline={base}"]  # fmt: skip
     if hasattr(os, "sched_setaffinity"):
@@ -169,8 +182,9 @@ async def main(args: argparse.Namespace) -> int:
             await picker_in(admin)
             t0 = time.perf_counter()
             soak, samples = await drive(
-                front, args.n, args.concurrency, deadline, args.every, picker_proc.pid
-            )
+                front, args.n, args.concurrency, deadline, args.every, picker_proc.pid,
+                bool(args.trace_malloc),
+            )  # fmt: skip
             soak_s = time.perf_counter() - t0
             before = await ext_proc_counters(admin)
             t0 = time.perf_counter()
@@ -180,7 +194,31 @@ async def main(args: argparse.Namespace) -> int:
             await asyncio.sleep(2)  # every reset stream has reached the picker
             end = await gauges(picker, admin, [spec, base])
             samples.append((args.n, rss_mb(picker_proc.pid)))
+    if args.trace_malloc:
+        await asyncio.sleep(5)  # the last snapshot is written
+        grown(args.trace_malloc, len(samples) - 1)
     return report(args, soak, soak_s, samples, flood, flood_s, before, after, end)
+
+
+def grown(prefix: str, count: int) -> None:
+    """What Python allocations grew between the snapshot after the first fifth of the
+    soak and the last one (tracemalloc's own diff, by line, then the top tracebacks)."""
+    paths = sorted(Path(prefix).parent.glob(Path(prefix).name + ".*"),
+                   key=lambda p: int(p.suffix[1:]))  # fmt: skip
+    if len(paths) < 2:
+        print(f"tracemalloc: {len(paths)} snapshots of {count}, nothing to compare")
+        return
+    first = tracemalloc.Snapshot.load(str(paths[min(1, len(paths) - 2)]))
+    last = tracemalloc.Snapshot.load(str(paths[-1]))
+    growth = sum(s.size_diff for s in last.compare_to(first, "filename"))
+    print(f"tracemalloc: Python allocations grew {growth / 1e6:+.2f} MB between "
+          f"{paths[min(1, len(paths) - 2)].name} and {paths[-1].name}; by line:")  # fmt: skip
+    for stat in last.compare_to(first, "lineno")[:12]:
+        print(f"  {stat}")
+    for stat in last.compare_to(first, "traceback")[:3]:
+        print(f"  {stat.size_diff / 1e3:+.1f} kB, {stat.count_diff:+d} blocks:")
+        for line in stat.traceback.format()[-8:]:
+            print(f"    {line}")
 
 
 def report(
@@ -241,4 +279,7 @@ if __name__ == "__main__":
     parser.add_argument("--flood-concurrency", type=int, default=512)
     parser.add_argument("--max-seconds", type=float, default=1500.0)
     parser.add_argument("--rss-bound-mb", type=float, default=16.0)
+    parser.add_argument("--trace-malloc", default="",
+                        help="PREFIX: the picker under tracemalloc, snapshots every --every; "
+                             "prints what Python allocations grew")  # fmt: skip
     sys.exit(asyncio.run(main(parser.parse_args())))
