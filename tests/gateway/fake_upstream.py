@@ -40,6 +40,7 @@ class FakeUpstream:
     name: str
     model: str = "fake-model"
     fail_status: int | None = None  # answer every generation with this status
+    fail_gate: asyncio.Event | None = None  # while set and unset, failures wait for it
     chunk_delay_s: float = 0.0
     words: list[str] = field(default_factory=lambda: list(WORDS))
     healthy: bool = True
@@ -86,6 +87,8 @@ class FakeUpstream:
         self.arrived.set()
         chat = request.path.endswith("/chat/completions")
         if self.fail_status is not None:
+            if self.fail_gate is not None:
+                await self.fail_gate.wait()
             error = {
                 "error": {
                     "message": f"{self.name} fails on purpose",
