@@ -8,8 +8,8 @@ Two EMULATED vLLM servers (speculative and baseline, a negligible time scale), t
 picker (`specroute ext-proc`, pool mode, the default profiled policy) and Envoy on
 the shipped bootstrap, each a process. CPU 0: the servers and this load generator;
 CPU 1: Envoy and the picker. The soak sends --n requests at --concurrency: of every
-20, one stream the client leaves after its first event (Envoy resets the picker's
-stream), nine streams read to [DONE], ten whole answers. The picker's RSS is printed
+20, one stream the client leaves after its first event, nine streams read to [DONE],
+ten whole answers. The picker's RSS is printed
 every --every requests. Then the flood: --flood requests at --flood-concurrency, with
 Envoy's ext_proc counters (a message past message_timeout fails open and counts in
 message_timeouts and failure_mode_allowed).
@@ -17,7 +17,9 @@ message_timeouts and failure_mode_allowed).
 At the end, with every client gone: the picker's in-flight gauge, its open gRPC
 streams as Envoy counts them, Envoy's active requests and the servers' running
 requests must all be zero, and the picker's RSS may grow at most --rss-bound-mb
-from its sample after the first fifth of the soak; the exit status says.
+over the soak from its sample after the soak's first fifth (the flood's is printed,
+not bounded: 512 requests at once raise the allocator's high-water mark); the exit
+status says.
 """
 
 from __future__ import annotations
@@ -144,6 +146,16 @@ async def ext_proc_counters(admin: str) -> dict[str, int]:
     return {name: await envoy_stat(admin, f"http.specroute.ext_proc.{name}") for name in EXT_PROC}
 
 
+def _since(start: dict[str, int], now: dict[str, int]) -> dict[str, int]:
+    return {name: now[name] - start[name] for name in EXT_PROC}
+
+
+async def stream_ends(picker: str) -> dict[str, float]:
+    """How the picker saw Envoy end its gRPC streams (a reset one leaks in grpcio)."""
+    name = "specroute_extproc_streams_total"
+    return {end: await metric(picker, name, end=end) for end in ("closed", "cancelled")}
+
+
 async def main(args: argparse.Namespace) -> int:
     py = sys.executable
     spec_port, base_port, grpc_port, metrics_port, envoy_port = (free_port() for _ in range(5))
@@ -180,24 +192,27 @@ async def main(args: argparse.Namespace) -> int:
             admin = f"http://127.0.0.1:{admin_port}"
             await wait_healthy(front)
             await picker_in(admin)
+            start = await ext_proc_counters(admin)  # wait_healthy's probe may have failed open
             t0 = time.perf_counter()
             soak, samples = await drive(
                 front, args.n, args.concurrency, deadline, args.every, picker_proc.pid,
                 bool(args.trace_malloc),
             )  # fmt: skip
             soak_s = time.perf_counter() - t0
-            before = await ext_proc_counters(admin)
+            before = _since(start, await ext_proc_counters(admin))
             t0 = time.perf_counter()
             flood, _ = await drive(front, args.flood, args.flood_concurrency, deadline)
             flood_s = time.perf_counter() - t0
-            after = await ext_proc_counters(admin)
+            after = _since(start, await ext_proc_counters(admin))
             await asyncio.sleep(2)  # every reset stream has reached the picker
             end = await gauges(picker, admin, [spec, base])
-            samples.append((args.n, rss_mb(picker_proc.pid)))
+            ends = await stream_ends(picker)
+            after_flood = rss_mb(picker_proc.pid)
     if args.trace_malloc:
         await asyncio.sleep(5)  # the last snapshot is written
-        grown(args.trace_malloc, len(samples) - 1)
-    return report(args, soak, soak_s, samples, flood, flood_s, before, after, end)
+        grown(args.trace_malloc, len(samples))
+    return report(args, soak, soak_s, samples, after_flood, flood, flood_s, before, after, end,
+                  ends)  # fmt: skip
 
 
 def grown(prefix: str, count: int) -> None:
@@ -226,11 +241,13 @@ def report(
     soak: Tally,
     soak_s: float,
     samples: list[tuple[int, float]],
+    after_flood: float,
     flood: Tally,
     flood_s: float,
     before: dict[str, int],
     after: dict[str, int],
     end: dict[str, float],
+    ends: dict[str, float],
 ) -> int:
     sent = soak.ok + soak.left + len(soak.failed)
     print(f"soak: {sent} requests in {soak_s:.0f} s ({sent / soak_s:.0f}/s) at "
@@ -240,7 +257,8 @@ def report(
           + ", ".join(f"{n}: {mb:.1f}" for n, mb in samples))  # fmt: skip
     fifth = [mb for n, mb in samples if n >= args.n // 5] or [samples[-1][1]]
     growth = samples[-1][1] - fifth[0]
-    print(f"RSS growth after the first fifth: {growth:+.1f} MB (bound {args.rss_bound_mb} MB)")
+    print(f"RSS growth over the soak after its first fifth: {growth:+.1f} MB (bound "
+          f"{args.rss_bound_mb} MB); after the flood: {after_flood:.1f} MB")  # fmt: skip
     fsent = flood.ok + flood.left + len(flood.failed)
     if fsent:
         print(f"flood: {fsent} requests in {flood_s:.1f} s ({fsent / flood_s:.0f}/s) at "
@@ -250,6 +268,7 @@ def report(
         delta = {k: after[k] - before[k] for k in EXT_PROC}
         print(f"Envoy ext_proc during the flood: {json.dumps(delta)}")
     print(f"Envoy ext_proc in all: {json.dumps(after)}")
+    print(f"the picker's gRPC streams ended: {json.dumps(ends)}")
     print("at the end: " + json.dumps(end))
     for line in (soak.failed + flood.failed)[:10]:
         print(f"  failed: {line}")
@@ -278,7 +297,9 @@ if __name__ == "__main__":
     parser.add_argument("--flood", type=int, default=5_000)
     parser.add_argument("--flood-concurrency", type=int, default=512)
     parser.add_argument("--max-seconds", type=float, default=1500.0)
-    parser.add_argument("--rss-bound-mb", type=float, default=16.0)
+    # A reset ext_proc stream leaked in grpcio (#43360): 1.6 MB per 10k requests here
+    # before the bootstraps' graceful close, 0.1 MB over 80k after (docs/envoy.md).
+    parser.add_argument("--rss-bound-mb", type=float, default=2.0)
     parser.add_argument("--trace-malloc", default="",
                         help="PREFIX: the picker under tracemalloc, snapshots every --every; "
                              "prints what Python allocations grew")  # fmt: skip

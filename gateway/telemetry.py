@@ -204,6 +204,15 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.extproc_streams = Counter(
+            "specroute_extproc_streams",
+            "ext-proc only: Envoy's gRPC streams (one per request) that ended, by how: closed "
+            "(Envoy half-closed it when the request ended, the client's leaving included), "
+            "cancelled (Envoy reset it: a bootstrap without ext_proc_graceful_grpc_close, a "
+            "message_timeout, Envoy's remote-close timeout, Envoy gone).",
+            ["end"],
+            registry=r,
+        )
         # Shadow copies (gateway/shadow.py): never in the user metrics above.
         self.shadow_requests = Counter(
             "specroute_shadow_requests",

@@ -36,7 +36,7 @@ from gateway.app import create_app
 from gateway.config import Config
 from gateway.extproc.pb import ext_proc_subset_pb2 as pb
 from gateway.extproc.stream import Mode, PickerStream
-from gateway.state import BACKENDS, RUNTIME
+from gateway.state import BACKENDS, METRICS, RUNTIME
 
 log = structlog.get_logger("specroute.extproc")
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -63,11 +63,14 @@ class Picker:
         stream = PickerStream(self.app, self.mode)
         self.streams += 1
         self.idle.clear()
+        end = "cancelled"
         try:
             async for message in requests:
                 for reply in await stream.on(message):
                     yield reply
+            end = "closed"
         finally:  # a reset stream (client gone) ends here too, cancelled
+            self.app[METRICS].extproc_streams.labels(end).inc()
             self.streams -= 1
             if not self.streams:
                 self.idle.set()

@@ -123,11 +123,14 @@ async def test_in_flight_follows_the_streams_and_returns_to_zero(stack_for: Stac
             assert await metric(picker, "specroute_inflight_requests", backend="speculative") == 1
             await r.read()
         await wait_until(lambda: _inflight(picker), "in-flight back to zero", timeout_s=5)
-    # Envoy closes the gRPC stream once the HTTP stream is done.
+    # Envoy closes the gRPC stream once the HTTP stream is done: a half-close, not a
+    # reset (the bootstrap's ext_proc_graceful_grpc_close; a reset leaks in grpcio).
     await wait_until(
         lambda: stack.picker.picker.streams == 0, "the gRPC stream closed", timeout_s=5
     )
     assert await metric(picker, "specroute_requests_total", status="2xx") == 1
+    assert await metric(picker, "specroute_extproc_streams_total", end="closed") == 1
+    assert await metric(picker, "specroute_extproc_streams_total", end="cancelled") == 0
 
 
 async def _inflight(picker: str) -> bool:

@@ -51,6 +51,9 @@ async def test_a_client_that_goes_away_releases_its_count_and_the_server_aborts(
     await _settled(stack)
     picker = stack.picker.http_url
     assert await metric(picker, "specroute_requests_total", status="stream_reset") == 1
+    # even then Envoy half-closes the gRPC stream (graceful close), no reset
+    assert await metric(picker, "specroute_extproc_streams_total", end="closed") == 1
+    assert await metric(picker, "specroute_extproc_streams_total", end="cancelled") == 0
     state = await wait_until(
         lambda: _aborted(stack.spec_url), "the server aborted the generation", timeout_s=5
     )
