@@ -200,7 +200,9 @@ async def _measure(app: web.Application) -> bool:
         )
     except (ProbeFailed, ProfileError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
         log.warning("profile_failed", error=str(exc), after_s=round(time.monotonic() - started, 1))
+        await pool.forget_own_load(app[SESSION], config.upstream.health_timeout_s)
         return False
+    await pool.forget_own_load(app[SESSION], config.upstream.health_timeout_s)
     _apply(app, profile, "measured")
     if config.routing.profile_path:
         try:

@@ -17,6 +17,7 @@ from classifier.profile import EngineProfile
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.profiler import ProfileTarget, measure_profile
+from tests.support import wait_until
 from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
 from tooling.local_stack import gateway_config, local_stack, serve_app
 
@@ -103,3 +104,37 @@ async def test_serve_profiles_at_start_saves_and_reloads_it(
             assert EngineProfile.loads(path.read_bytes()).to_json() == fresh
         finally:
             await runner.cleanup()
+
+
+async def test_the_profilers_own_requests_are_no_other_client_once_it_is_in(
+    tokens: TokenCounter,
+) -> None:
+    """The servers' scrapes during the profile count its probes as other clients'
+    requests (the gateway did not send them through its pool). Once the profile is in,
+    an idle pair is idle again: the next request is decided on its cost alone, not
+    consolidated onto a batch that ended (without BackendPool.forget_own_load this
+    failed 5 runs of 6, 2026-12-04)."""
+    body = {
+        "model": "emulated-model",
+        "messages": [{"role": "user", "content": "Return the user Ada, 36, as JSON."}],
+        "response_format": {"type": "json_object"},
+        "temperature": 0,
+        "max_tokens": 40,
+    }
+    # Scrapes every 0.1 s: the last two before the profile ends land on its probes.
+    slow = {"scrape_interval_s": 0.1}
+    async with (
+        local_stack(time_scale=0.1, tokens=tokens, upstream=slow) as stack,
+        aiohttp.ClientSession() as session,
+    ):
+
+        async def profiled() -> bool:
+            async with session.get(f"{stack.gateway}/stats") as resp:
+                return bool((await resp.json())["profile"]["in_use"])
+
+        await wait_until(profiled, "the profile to be in", timeout_s=60.0, interval_s=0.005)
+        async with session.post(f"{stack.gateway}/decide/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            decided = await resp.json()
+    assert decided["reason"] != "consolidate", decided["why"]
+    assert decided["route"] == "speculative"  # the structured answer's cheaper server
