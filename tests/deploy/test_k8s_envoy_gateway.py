@@ -5,13 +5,19 @@ tests/deploy/crds, unknown fields are errors); and the references hold: the pick
 flags parse with the CLI's own parser, its config loads, its gRPC health probe names
 the service the picker serves, the HTTPRoute matches the picker's header to the pool
 of each route, each pool selects that route's vLLM pod on its port, the extension
-policy calls the picker's Service in the bootstrap's processing modes."""
+policy calls the picker's Service in the bootstrap's processing modes, and the Gateway's
+EnvoyProxy gives Envoy Gateway's own bootstrap the runtime flags of the shipped one
+(checked under a real Envoy)."""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import json
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,7 @@ from tests.deploy.test_k8s import (
     pod_labels,
     selects,
 )
+from tests.extproc.envoy_support import envoy_command, stop
 
 OVERLAY = K8S / "envoy-gateway"
 CRDS = Path(__file__).resolve().parent / "crds"
@@ -60,11 +67,17 @@ def _strict(schema: Any) -> Any:
     return out
 
 
+def _vendored() -> list[Path]:
+    return sorted([*CRDS.glob("*.yaml"), *CRDS.glob("*.yaml.gz")])
+
+
 def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) -> the served version's schema, for every vendored CRD."""
     schemas = {}
-    for path in sorted(CRDS.glob("*.yaml")):
-        for crd in yaml.safe_load_all(path.read_text()):
+    for path in _vendored():
+        data = path.read_bytes()
+        text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
+        for crd in yaml.safe_load_all(text):
             if not crd:
                 continue
             group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
@@ -99,6 +112,7 @@ def test_the_crds_are_the_api_versions_used(rendered: list[Obj]) -> None:
         ("gateway.networking.k8s.io/v1", "HTTPRoute"),
         ("inference.networking.k8s.io/v1", "InferencePool"),
         ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"),
+        ("gateway.envoyproxy.io/v1alpha1", "EnvoyProxy"),
     }
     assert custom <= kinds and custom <= set(SCHEMAS)
     builtin = {"v1", "apps/v1", "networking.k8s.io/v1"}
@@ -125,6 +139,10 @@ def test_every_object_validates(rendered: list[Obj]) -> None:
         ("EnvoyExtensionPolicy",
          lambda o: o["spec"]["extProc"][0]["processingMode"]["request"].update(body="BUFFERED")),
         ("Gateway", lambda o: o["spec"]["listeners"][0].update(protocol="HTTP", port=0)),
+        ("Gateway", lambda o: o["spec"]["infrastructure"]["parametersRef"].pop("kind")),
+        ("EnvoyProxy", lambda o: o["spec"]["bootstrap"].update(type="JsonPatch")),
+        ("EnvoyProxy", lambda o: o["spec"]["bootstrap"]["jsonPatches"][0].update(op="set")),
+        ("EnvoyProxy", lambda o: o["spec"]["bootstrap"].update(jsonPatch=[])),  # not a field
     ],
 )  # fmt: skip
 def test_a_wrong_field_fails_validation(rendered: list[Obj], kind: str, edit: Any) -> None:
@@ -276,8 +294,140 @@ def test_vllm_admits_the_picker_and_envoy_gateways_proxies(rendered: list[Obj]) 
     assert {"kubernetes.io/metadata.name": "envoy-gateway-system"} in namespaces
 
 
-def test_the_vendored_crds_say_where_they_come_from() -> None:
-    readme = (CRDS / "README.md").read_text()
-    for path in CRDS.glob("*.yaml"):
-        assert f"`{path.name}`" in readme
+def test_the_vendored_files_say_where_they_come_from() -> None:
+    for folder, paths in ((CRDS, _vendored()), (EG, sorted(EG.glob("*.yaml")))):
+        readme = (folder / "README.md").read_text()
+        assert paths
+        for path in paths:
+            assert f"`{path.name}`" in readme
     assert json.dumps(sorted(SCHEMAS))  # every served version was read
+
+
+# ---- the Gateway's Envoy: Envoy Gateway's bootstrap, with the shipped runtime flags ----
+
+EG = Path(__file__).resolve().parent / "envoy_gateway"  # its default bootstrap, vendored
+
+
+def _pointer(path: str) -> list[str]:
+    """An RFC 6901 JSON pointer's reference tokens."""
+    assert path.startswith("/"), path
+    return [t.replace("~1", "/").replace("~0", "~") for t in path[1:].split("/")]
+
+
+def _patched(document: Any, patches: list[Obj]) -> Any:
+    """RFC 6902 `add`s applied in order, as Envoy Gateway applies `type: JSONPatch`
+    (internal/xds/bootstrap/util.go; its own test case below gives the same). Any
+    other op fails: the shipped patches only add."""
+    out = copy.deepcopy(document)
+    for patch in patches:
+        assert patch["op"] == "add" and set(patch) == {"op", "path", "value"}, patch
+        *parents, last = _pointer(patch["path"])
+        node = out
+        for token in parents:
+            node = node[int(token)] if isinstance(node, list) else node[token]
+        if isinstance(node, list):
+            node.insert(len(node) if last == "-" else int(last), patch["value"])
+        else:
+            node[last] = patch["value"]
+    return out
+
+
+def _shipped_runtime() -> dict[str, Any]:
+    """The static runtime layer of deploy/envoy's bootstraps (both carry the same)."""
+    layers = [
+        yaml.safe_load(path.read_text())["layered_runtime"]["layers"]
+        for path in (POOL_BOOTSTRAP, POOL_BOOTSTRAP.with_name("envoy-endpoint.yaml"))
+    ]
+    assert layers[0] == layers[1] and len(layers[0]) == 1
+    static: dict[str, Any] = layers[0][0]["static_layer"]
+    return static
+
+
+def _gateway_bootstrap(rendered: list[Obj]) -> Any:
+    """Envoy Gateway's default bootstrap with the EnvoyProxy's patches applied."""
+    proxy = one(rendered, "EnvoyProxy", "specroute-proxy")
+    bootstrap = proxy["spec"]["bootstrap"]
+    assert bootstrap["type"] == "JSONPatch" and "value" not in bootstrap
+    return _patched(yaml.safe_load((EG / "bootstrap.yaml").read_text()), bootstrap["jsonPatches"])
+
+
+def test_the_patching_is_envoy_gateways() -> None:
+    base = yaml.safe_load((EG / "bootstrap.yaml").read_text())
+    patches = yaml.safe_load((EG / "patch-global-config.in.yaml").read_text())
+    assert _patched(base, patches) == yaml.safe_load(
+        (EG / "patch-global-config.out.yaml").read_text()
+    )
+
+
+def test_the_gateways_envoy_gets_the_shipped_runtime_flags(rendered: list[Obj]) -> None:
+    gateway = one(rendered, "Gateway", "specroute")
+    proxy = one(rendered, "EnvoyProxy", "specroute-proxy")
+    # Honoured in the Gateway's own namespace (Envoy Gateway v1.9.0,
+    # internal/gatewayapi/contexts.go): the same one here.
+    assert gateway["spec"]["infrastructure"]["parametersRef"] == {
+        "group": "gateway.envoyproxy.io", "kind": "EnvoyProxy",
+        "name": proxy["metadata"]["name"],
+    }  # fmt: skip
+    assert gateway["metadata"]["namespace"] == proxy["metadata"]["namespace"]
+    base = yaml.safe_load((EG / "bootstrap.yaml").read_text())
+    patched = _gateway_bootstrap(rendered)
+    (layer,) = patched["layered_runtime"]["layers"]
+    assert layer["name"] == "global_config"
+    (before,) = base["layered_runtime"]["layers"]
+    assert layer["static_layer"] == {**before["static_layer"], **_shipped_runtime()}
+    patched["layered_runtime"] = base["layered_runtime"]
+    assert patched == base  # nothing else changed
+
+
+def _runnable_here(bootstrap: Any, tmp: Path) -> Any:
+    """Envoy Gateway's bootstrap on this machine: its ports ephemeral, its xDS server
+    (absent) on a closed local port, its certificate files empty secret lists."""
+    text = json.dumps(bootstrap)
+    for port in (19000, 19001):
+        text = text.replace(f'"port_value": {port}', '"port_value": 0')
+    text = text.replace('"address": "envoy-gateway"', '"address": "127.0.0.1"')
+    for name in ("xds-certificate.json", "xds-trusted-ca.json"):
+        (tmp / name).write_text('{"resources": []}')
+        text = text.replace(f'"/sds/{name}"', json.dumps(str(tmp / name)))
+    assert "/sds/" not in text and "19000" not in text
+    return json.loads(text)
+
+
+def test_a_real_envoy_on_the_patched_bootstrap_has_the_flag_on(
+    rendered: list[Obj], tmp_path: Path
+) -> None:
+    bootstrap = _runnable_here(_gateway_bootstrap(rendered), tmp_path)
+    config = tmp_path / "bootstrap.json"
+    config.write_text(json.dumps(bootstrap))
+    admin_file = tmp_path / "admin.txt"
+    node = ["--service-node", "specroute-test", "--service-cluster", "specroute"]
+    with (tmp_path / "envoy.log").open("wb") as log:
+        process = subprocess.Popen(
+            envoy_command(config, *node, "-l", "warning", "--admin-address-path", str(admin_file)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            runtime = _runtime(process, admin_file, tmp_path)
+        finally:
+            stop(process)
+    for key, value in _shipped_runtime().items():
+        entry = runtime["entries"][key]
+        assert entry["final_value"] == json.dumps(value), entry  # Envoy shows 'true'
+        assert entry["layer_values"] == [entry["final_value"]]  # from the one layer
+    assert runtime["layers"] == ["global_config"]
+
+
+def _runtime(process: subprocess.Popen[bytes], admin_file: Path, tmp: Path) -> Any:
+    """Envoy's /runtime once its admin listener is up (it waits for an xDS server that
+    never answers, so that is as far as it gets: the flags are read at start)."""
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log = (tmp / "envoy.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"envoy exited with {process.returncode}:\n{log}")
+        if admin_file.exists() and (address := admin_file.read_text().strip()):
+            with urllib.request.urlopen(f"http://{address}/runtime", timeout=5) as resp:
+                return json.load(resp)
+        time.sleep(0.05)
+    raise AssertionError("envoy wrote no admin address in 30 s")

@@ -84,13 +84,18 @@ async def run_envoy(config: Path, workdir: Path) -> AsyncIterator[Envoy]:
         await _live(admin, url, process, workdir)
         yield Envoy(url, admin, process)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         log.close()
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if Envoy is still there 10 s later."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _spawn(argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
