@@ -200,9 +200,10 @@ async def _measure(app: web.Application) -> bool:
         )
     except (ProbeFailed, ProfileError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
         log.warning("profile_failed", error=str(exc), after_s=round(time.monotonic() - started, 1))
-        await pool.forget_own_load(app[SESSION], config.upstream.health_timeout_s)
-        return False
+        profile = None
     await pool.forget_own_load(app[SESSION], config.upstream.health_timeout_s)
+    if profile is None:
+        return False
     _apply(app, profile, "measured")
     if config.routing.profile_path:
         try:

@@ -15,12 +15,10 @@ import argparse
 import copy
 import gzip
 import json
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -43,7 +41,7 @@ from tests.deploy.test_k8s import (
     pod_labels,
     selects,
 )
-from tests.extproc.envoy_support import envoy_command, stop
+from tests.extproc.envoy_support import envoy_admin
 
 OVERLAY = K8S / "envoy-gateway"
 CRDS = Path(__file__).resolve().parent / "crds"
@@ -379,9 +377,10 @@ def test_the_gateways_envoy_gets_the_shipped_runtime_flags(rendered: list[Obj]) 
     assert patched == base  # nothing else changed
 
 
-def _runnable_here(bootstrap: Any, tmp: Path) -> Any:
-    """Envoy Gateway's bootstrap on this machine: its ports ephemeral, its xDS server
-    (absent) on a closed local port, its certificate files empty secret lists."""
+def _runnable_here(bootstrap: Any, tmp: Path) -> Path:
+    """Envoy Gateway's bootstrap on this machine, written to a file: its ports
+    ephemeral, its xDS server (absent) on a closed local port, its certificate files
+    empty secret lists."""
     text = json.dumps(bootstrap)
     for port in (19000, 19001):
         text = text.replace(f'"port_value": {port}', '"port_value": 0')
@@ -390,44 +389,26 @@ def _runnable_here(bootstrap: Any, tmp: Path) -> Any:
         (tmp / name).write_text('{"resources": []}')
         text = text.replace(f'"/sds/{name}"', json.dumps(str(tmp / name)))
     assert "/sds/" not in text and "19000" not in text
-    return json.loads(text)
+    config = tmp / "bootstrap.json"
+    config.write_text(text)
+    return config
 
 
-def test_a_real_envoy_on_the_patched_bootstrap_has_the_flag_on(
+async def test_a_real_envoy_on_the_patched_bootstrap_has_the_flag_on(
     rendered: list[Obj], tmp_path: Path
 ) -> None:
-    bootstrap = _runnable_here(_gateway_bootstrap(rendered), tmp_path)
-    config = tmp_path / "bootstrap.json"
-    config.write_text(json.dumps(bootstrap))
-    admin_file = tmp_path / "admin.txt"
-    node = ["--service-node", "specroute-test", "--service-cluster", "specroute"]
-    with (tmp_path / "envoy.log").open("wb") as log:
-        process = subprocess.Popen(
-            envoy_command(config, *node, "-l", "warning", "--admin-address-path", str(admin_file)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            runtime = _runtime(process, admin_file, tmp_path)
-        finally:
-            stop(process)
+    config = _runnable_here(_gateway_bootstrap(rendered), tmp_path)
+    # It waits for an xDS server that never answers, so its admin is as far as it
+    # gets: the runtime flags are read at start.
+    node = ("--service-node", "specroute-test", "--service-cluster", "specroute")
+    async with (
+        envoy_admin(config, tmp_path, *node) as (_, admin),
+        aiohttp.ClientSession() as session,
+        session.get(f"{admin}/runtime") as resp,
+    ):
+        runtime = await resp.json()
     for key, value in _shipped_runtime().items():
         entry = runtime["entries"][key]
         assert entry["final_value"] == json.dumps(value), entry  # Envoy shows 'true'
         assert entry["layer_values"] == [entry["final_value"]]  # from the one layer
     assert runtime["layers"] == ["global_config"]
-
-
-def _runtime(process: subprocess.Popen[bytes], admin_file: Path, tmp: Path) -> Any:
-    """Envoy's /runtime once its admin listener is up (it waits for an xDS server that
-    never answers, so that is as far as it gets: the flags are read at start)."""
-    deadline = time.monotonic() + 30.0
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log = (tmp / "envoy.log").read_text(errors="replace")[-3000:]
-            raise AssertionError(f"envoy exited with {process.returncode}:\n{log}")
-        if admin_file.exists() and (address := admin_file.read_text().strip()):
-            with urllib.request.urlopen(f"http://{address}/runtime", timeout=5) as resp:
-                return json.load(resp)
-        time.sleep(0.05)
-    raise AssertionError("envoy wrote no admin address in 30 s")

@@ -73,22 +73,30 @@ class Envoy:
 @contextlib.asynccontextmanager
 async def run_envoy(config: Path, workdir: Path) -> AsyncIterator[Envoy]:
     """Start Envoy on `config`; yield once its listener is up; stop it."""
-    admin_file = workdir / "admin.txt"
-    log = (workdir / "envoy.log").open("wb")
-    process = _spawn(
-        envoy_command(config, "-l", "warning", "--admin-address-path", str(admin_file)), log
-    )
-    try:
-        admin = await _admin_address(admin_file, process, workdir)
+    async with envoy_admin(config, workdir) as (process, admin):
         url = await _listener(admin, process, workdir)
         await _live(admin, url, process, workdir)
         yield Envoy(url, admin, process)
+
+
+@contextlib.asynccontextmanager
+async def envoy_admin(
+    config: Path, workdir: Path, *extra: str
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
+    """Start Envoy on `config` (with `extra` flags); yield it and its admin URL once
+    that is up, whether or not it ever gets ready; stop it."""
+    admin_file = workdir / "admin.txt"
+    log = (workdir / "envoy.log").open("wb")
+    argv = envoy_command(config, *extra, "-l", "warning", "--admin-address-path", str(admin_file))
+    process = _spawn(argv, log)
+    try:
+        yield process, await _admin_address(admin_file, process, workdir)
     finally:
-        stop(process)
+        _stop(process)
         log.close()
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
+def _stop(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL if Envoy is still there 10 s later."""
     process.terminate()
     try:

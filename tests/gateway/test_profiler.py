@@ -122,9 +122,9 @@ async def test_the_profilers_own_requests_are_no_other_client_once_it_is_in(
         "max_tokens": 40,
     }
     # Scrapes every 0.1 s: the last two before the profile ends land on its probes.
-    slow = {"scrape_interval_s": 0.1}
+    scrapes = {"scrape_interval_s": 0.1}
     async with (
-        local_stack(time_scale=0.1, tokens=tokens, upstream=slow) as stack,
+        local_stack(time_scale=0.1, tokens=tokens, upstream=scrapes) as stack,
         aiohttp.ClientSession() as session,
     ):
 
