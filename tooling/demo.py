@@ -25,6 +25,8 @@ import aiohttp
 
 from tooling.bench import BenchOptions, run_bench
 from tooling.bench.targets import wait_for_profile
+from tooling.emulator.config import DEFAULT_GPU_PROFILE, add_gpu_arguments
+from tooling.emulator.costs import describe_gpu
 from tooling.local_stack import local_stack
 from tooling.workloads import MIXES
 
@@ -33,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=6, help="requests per workload and target")
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=0.5, help="emulator time scale")
+    add_gpu_arguments(p)
     p.add_argument(
         "--warmup",
         type=int,
@@ -51,6 +54,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             concurrency=args.concurrency,
             time_scale=args.time_scale,
             warmup=args.warmup,
+            gpu_profile=args.gpu_profile,
+            drafter=args.drafter,
         )
     )
 
@@ -61,6 +66,8 @@ async def run_demo(
     concurrency: int,
     time_scale: float,
     warmup: int = 0,
+    gpu_profile: str = DEFAULT_GPU_PROFILE,
+    drafter: str = "draft-1b",
     out: TextIO = sys.stdout,
 ) -> int:
     names = MIXES["demo"]
@@ -73,7 +80,10 @@ async def run_demo(
         flush=True,
     )
     started = time.perf_counter()
-    async with local_stack(time_scale=time_scale) as stack:
+    async with local_stack(
+        time_scale=time_scale, gpu_profile=gpu_profile, drafter=drafter
+    ) as stack:
+        print(f"[EMULATED] timing from the {describe_gpu(stack.emulator)}", file=out, flush=True)
         await wait_for_profile(aiohttp.ClientSession, stack.gateway, out)
         if warmup > 0:
             await _warm_up(stack.gateway, warmup, concurrency, out)
@@ -94,7 +104,8 @@ async def run_demo(
     print(
         f"\n[EMULATED] {sent} requests in {time.perf_counter() - started:.1f} s, "
         f"{outcome.failures} failed. Figures are from the emulator's modelled timing, "
-        "not a real GPU. `specroute bench --emulate` runs more of it; "
+        f"not a real GPU (they model the measured {gpu_profile}). "
+        "`specroute bench --emulate` runs more of it; "
         "`specroute advise` reads its --json.",
         file=out,
     )

@@ -35,6 +35,8 @@ from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import Config, parse_config
 from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
+from tooling.emulator.config import DEFAULT_GPU_PROFILE
+from tooling.emulator.costs import describe_gpu, draft_cost_ratio
 from tooling.emulator.dynamic import Schedule
 
 MODEL = "emulated-model"
@@ -97,7 +99,7 @@ def gateway_config(
             "speculative": {
                 "urls": spec_urls,
                 "num_speculative_tokens": emulator.num_speculative_tokens,
-                "draft_cost_ratio": emulator.draft_cost_ratio,
+                "draft_cost_ratio": draft_cost_ratio(emulator),
             },
             "baseline": {"urls": base_urls},
             **({"pairs": "by-index"} if len(spec_urls) > 1 else {}),
@@ -121,6 +123,8 @@ async def local_stack(
     pairs: int = 1,
     with_dynamic: bool = False,
     dynamic_schedule: Schedule | None = None,
+    gpu_profile: str = DEFAULT_GPU_PROFILE,
+    drafter: str = "draft-1b",
     **gateway_overrides: Any,
 ) -> AsyncIterator[LocalStack]:
     """gpus=2 gives each server its own emulated GPU (a host with two; the cost
@@ -128,7 +132,9 @@ async def local_stack(
     pairs=N runs N such pairs, as on a host with N GPUs (speculative i and baseline i
     share GPU i with gpus=1), the gateway told backends.pairs = "by-index".
     with_dynamic adds a dynamic-SD server (dynamic_schedule: its K per batch size,
-    as vLLM's num_speculative_tokens_per_batch_size; None: the emulator's default)."""
+    as vLLM's num_speculative_tokens_per_batch_size; None: the emulator's default).
+    gpu_profile and drafter: the measured GPU every emulated server runs on, and the
+    speculative server's drafter (tooling/emulator/gpu/)."""
     if gpus not in (1, 2):
         raise ValueError(f"local_stack: gpus is 1 or 2, not {gpus}")
     if pairs < 1:
@@ -141,6 +147,8 @@ async def local_stack(
         seed=seed,
         time_scale=time_scale,
         per_request_spec_decode_metrics="summary",
+        gpu_profile=gpu_profile,
+        drafter=drafter,  # type: ignore[arg-type]  # checked by EmulatorConfig
     )
     base_cfg = replace(spec_cfg, mode="baseline", per_request_spec_decode_metrics="none")
     runners: list[web.AppRunner] = []
@@ -186,7 +194,7 @@ async def serve_emulated(host: str, port: int, time_scale: float) -> None:
         print(
             f"specroute gateway on {stack.gateway}/v1 in front of two EMULATED vLLM servers "
             f"(speculative {stack.speculative}, baseline {stack.baseline}; model {MODEL!r}; "
-            "modelled timing, no model runs). Ctrl-C stops.",
+            f"no model runs; timing from the {describe_gpu(stack.emulator)}). Ctrl-C stops.",
             flush=True,
         )
         await stop.wait()

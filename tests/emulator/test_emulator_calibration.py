@@ -18,16 +18,16 @@ from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step
 async def test_calibrated_speedups() -> None:
     result = await measure(time_scale=0.2)
     print(result.table())
-    assert 1.35 < result.structured < 1.95  # ~1.6x: structured output at low concurrency
+    assert 1.3 < result.structured < 1.6  # ~1.45x on the measured H200 (1B draft, a=0.8)
     assert result.creative <= 1.1  # creative text gains nothing
     assert 0.9 < result.long_prompt < 1.15  # prefill dominates: small gain at best
     assert result.long_prompt < result.structured
     assert result.high_concurrency < 0.85  # under load speculation is slower
 
 
-def test_step_costs_are_gpu_shaped() -> None:
-    """The documented step costs (costs.py): memory-bound at batch 1, compute-bound at 64."""
-    c = EmulatorConfig(mode="speculative")
+def test_the_roofline_option_keeps_its_documented_step_costs() -> None:
+    """The unmeasured roofline (costs.py): memory-bound at batch 1, compute-bound at 64."""
+    c = EmulatorConfig(mode="speculative", gpu_profile="roofline", draft_cost_ratio=0.2)
     assert baseline_step_ms(c, StepShape(1, 0)) == pytest.approx(8.3)
     assert baseline_step_ms(c, StepShape(64, 0)) == pytest.approx(27.2)
     assert speculative_step_ms(c, StepShape(1, 0)) == pytest.approx(16.94)

@@ -23,10 +23,12 @@ from tooling.emulator.costs import (
     StepShape,
     baseline_step_ms,
     dynamic_step_ms,
+    gpu_of,
     speculative_step_ms,
 )
 from tooling.emulator.dynamic import DEFAULT_SCHEDULE, dense_lookup, parse_schedule
 from tooling.emulator.engine import Engine, Sequence
+from tooling.emulator.gpu.profile import REFERENCE_CONTEXT
 from tooling.emulator.metrics import VllmMetrics
 from tooling.emulator.simulate import SimRequest, closed_loop
 from tooling.emulator.textgen import Plan
@@ -127,12 +129,13 @@ def test_step_costs_of_a_dynamic_step() -> None:
         # model's first forward, which vLLM still runs to keep the draft KV in sync.
         plain = baseline_step_ms(c, StepShape(d, 0))
         k0 = dynamic_step_ms(c, StepShape(d, 0, 0, 0))
-        assert k0 == pytest.approx(plain + c.draft_cost_ratio * plain)
+        assert k0 == pytest.approx(plain + gpu_of(c).draft_ms(d, 1, REFERENCE_CONTEXT))
         no_forward = EmulatorConfig(mode="dynamic", draft_forward_at_k0=False)
         assert dynamic_step_ms(no_forward, StepShape(d, 0, 0, 0)) == pytest.approx(plain)
-    # Under load, K=1 and K=0 cost far less than the static k=4 step.
+    # Under load, K=1 costs far less than the static k=4 step (measured H200, 1B draft,
+    # batch 64: 13.6 ms against 25.8).
     big = speculative_step_ms(c, StepShape(64, 0))
-    assert dynamic_step_ms(c, StepShape(64, 0, 64, 1)) < 0.5 * big
+    assert dynamic_step_ms(c, StepShape(64, 0, 64, 1)) < 0.55 * big
 
 
 # ---- the engine: K from the proposing step, K=0 drafts nothing ------------------------
@@ -264,8 +267,11 @@ async def test_dynamic_beats_static_speculation_under_load_and_matches_it_alone(
         await _mean_e2e("dynamic", loaded, 32),
     )
     base_32 = await _mean_e2e("baseline", loaded, 32)
-    assert dyn_32 < 0.85 * spec_32  # K shrinks as the batch grows
-    assert spec_32 > base_32  # static k=4 loses to no speculation at this load
+    # K shrinks as the batch grows (measured H200, 1B draft: 0.87 of the static k=4's e2e)
+    assert dyn_32 < 0.9 * spec_32
+    # On the measured H200 static k=4 is only level with no speculation at 32 in flight
+    # (1.52 s against 1.54); fewer drafts per step beat both.
+    assert dyn_32 < 0.9 * base_32
     # ... and where it drafted: only K=4 alone, mostly K=1 at 32 in flight.
     result = await closed_loop(EmulatorConfig(mode="dynamic"), loaded, 32)
     assert max(result.steps_by_k, key=result.steps_by_k.__getitem__) == 1

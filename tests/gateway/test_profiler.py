@@ -54,7 +54,9 @@ async def test_the_profile_measures_the_emulators_truth(
         truth_spec = c.scaled(speculative_step_ms(c, StepShape(int(b), 0)))
         assert base.step.at(b) == pytest.approx(truth_base, rel=0.2)
         assert spec.step.at(b) == pytest.approx(truth_spec, rel=0.2)
-    assert base.ttft.at(800) > 3 * base.ttft.at(20)  # prefill grows with the prompt
+    # Prefill grows with the prompt: on the measured H200, 27 ms at 800 tokens against a
+    # 14 ms floor (its prefill was timed eagerly: launch costs) at 20.
+    assert base.ttft.at(800) > 1.5 * base.ttft.at(20)
     tps = spec.tokens_per_step
     assert tps[Workload.CODE][0] > tps[Workload.CREATIVE][0]
     assert p.shared_gpu is shared

@@ -29,6 +29,7 @@ from tooling.bench import BenchOptions, BenchOutcome, run_bench
 from tooling.bench.plan import builtin_names, is_file, parse_list
 from tooling.bench.stats import DYNAMIC
 from tooling.datasets import require as require_dataset
+from tooling.emulator.config import DEFAULT_GPU_PROFILE, add_gpu_arguments
 from tooling.emulator.dynamic import Schedule, schedule_arg
 
 
@@ -48,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--emulator-time-scale", type=float, default=1.0, help="with --emulate: time scale"
     )
+    add_gpu_arguments(p)
     p.add_argument(
         "--with-dynamic",
         action="store_true",
@@ -173,7 +175,13 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     opts = options(args, argv)
     stack = None
     if args.emulate:
-        stack = EmulatedStack(args.emulator_time_scale, args.with_dynamic, args.dynamic_schedule)
+        stack = EmulatedStack(
+            args.emulator_time_scale,
+            args.with_dynamic,
+            args.dynamic_schedule,
+            args.gpu_profile,
+            args.drafter,
+        )
     try:
         outcome = asyncio.run(_run(opts, stack))
     except KeyboardInterrupt:
@@ -194,6 +202,8 @@ class EmulatedStack:
     time_scale: float = 1.0
     with_dynamic: bool = False
     dynamic_schedule: Schedule | None = None  # None: the emulator's default schedule
+    gpu_profile: str = DEFAULT_GPU_PROFILE
+    drafter: str = "draft-1b"
 
 
 async def _run(opts: BenchOptions, emulated: EmulatedStack | None) -> BenchOutcome:
@@ -208,6 +218,8 @@ async def _run(opts: BenchOptions, emulated: EmulatedStack | None) -> BenchOutco
         time_scale=emulated.time_scale,
         with_dynamic=emulated.with_dynamic,
         dynamic_schedule=emulated.dynamic_schedule,
+        gpu_profile=emulated.gpu_profile,
+        drafter=emulated.drafter,
     ) as stack:
         targets = {"baseline": stack.baseline, "speculative": stack.speculative}
         if stack.dynamic is not None and stack.dynamic_emulator is not None:

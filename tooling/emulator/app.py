@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import protocol
 from .config import EmulatorConfig
+from .costs import describe_gpu
 from .engine import Engine, SharedGpu
 from .faults import Faults, reset_connection
 from .generation import EMULATOR, EmulatorState, chat_completions, completions
@@ -143,6 +144,7 @@ async def _state(request: web.Request) -> web.Response:
             "mode": s.config.mode,
             "model": s.config.model,
             "time_scale": s.config.time_scale,
+            "gpu": describe_gpu(s.config),
             "running": s.engine.num_running,
             "waiting": s.engine.num_waiting,
             "kv_cache_usage": s.engine.kv_usage(),

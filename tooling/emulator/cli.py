@@ -8,6 +8,7 @@ from aiohttp import web
 
 from .app import create_emulator_app
 from .config import EmulatorConfig, add_emulator_arguments, config_from_args
+from .costs import describe_gpu
 from .dynamic import to_json
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"specroute emulate: EMULATED vLLM server, mode={config.mode}, model={config.model}, "
         f"time_scale={config.time_scale}, on http://{ns.host}:{ns.port} "
-        "(no model runs here: text and timing are modelled)",
+        f"(no model runs here: text is modelled, timing from the {describe_gpu(config)})",
         flush=True,
     )
     if config.mode == "dynamic":

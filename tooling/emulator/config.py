@@ -22,10 +22,30 @@ from .dynamic import (
     schedule_arg,
     to_json,
 )
+from .gpu.profile import load_gpu_profile, profile_names
 
 Mode = Literal["speculative", "baseline", "dynamic"]
 SPECULATIVE_MODES = ("speculative", "dynamic")
 SpecMetricsLevel = Literal["none", "summary", "detailed"]
+Drafter = Literal["draft-1b", "eagle3", "ngram"]
+DEFAULT_GPU_PROFILE = "h200-llama3.1-8b"  # the talk's setup, measured (gpu/measured/)
+ROOFLINE = "roofline"
+# The roofline's knobs (costs.py): they price steps only with --gpu-profile roofline.
+ROOFLINE_KNOBS = (
+    "step_overhead_ms",
+    "weights_read_ms",
+    "kv_read_ms_per_seq",
+    "compute_ms_per_token",
+    "draft_cost_ratio",
+    "draft_prefill_ratio",
+    "spec_overhead_ms",
+)
+ACCEPTANCE_KNOBS = (
+    "acceptance_structured",
+    "acceptance_code",
+    "acceptance_chat",
+    "acceptance_creative",
+)
 
 
 def _knob(default: Any, help_text: str) -> Any:
@@ -47,7 +67,21 @@ class EmulatorConfig:
     max_num_batched_tokens: int = _knob(2048, "token budget per engine step (chunked prefill)")
     kv_cache_tokens: int = _knob(262144, "KV cache capacity in tokens")
     kv_block_size: int = _knob(16, "KV cache block size in tokens")
-    # Step-cost model (milliseconds at time_scale 1); see costs.py.
+    # The GPU: a measured profile (gpu/) and the drafter (costs.py).
+    gpu_profile: str = _knob(
+        DEFAULT_GPU_PROFILE,
+        f"the measured GPU and target model whose step costs this server runs on: "
+        f"{', '.join(profile_names())}, or {ROOFLINE} (NOT measured: the knobs below)",
+    )
+    drafter: Drafter = field(
+        default="draft-1b",
+        metadata={
+            "help": "speculative and dynamic modes: draft-1b (a separate 1B draft model), "
+            "eagle3 (an EAGLE-3-like head) or ngram (prompt lookup, no model pass); sets the "
+            "measured drafter's cost and the default acceptance per workload (acceptance.py)"
+        },
+    )
+    # Roofline step-cost model (ms at time_scale 1), --gpu-profile roofline only; costs.py.
     step_overhead_ms: float = _knob(2.0, "fixed cost of every step: launch, sampling, scheduling")
     weights_read_ms: float = _knob(6.0, "memory time to stream the weights once per step")
     kv_read_ms_per_seq: float = _knob(0.3, "memory time per running sequence (its KV cache)")
@@ -76,11 +110,12 @@ class EmulatorConfig:
         default="none",
         metadata={"help": "as vLLM's --per-request-spec-decode-metrics (speculative mode only)"},
     )
-    # Per-request acceptance probability of each draft position (acceptance.py).
-    acceptance_structured: float = _knob(0.8, "json_object / json_schema output")
-    acceptance_code: float = _knob(0.75, "code- or SQL-looking prompts")
-    acceptance_chat: float = _knob(0.5, "ordinary chat")
-    acceptance_creative: float = _knob(0.25, "creative prompts, and temperature >= 1")
+    # Per-request acceptance probability of each draft position (acceptance.py); unset,
+    # the drafter's default (acceptance.DRAFTER_ACCEPTANCE, sources in CALIBRATION.md).
+    acceptance_structured: float | None = _knob(None, "json_object / json_schema output")
+    acceptance_code: float | None = _knob(None, "code- or SQL-looking prompts")
+    acceptance_chat: float | None = _knob(None, "ordinary chat")
+    acceptance_creative: float | None = _knob(None, "creative prompts, and temperature >= 1")
     acceptance_jitter: float = _knob(0.05, "per-request uniform +- spread of acceptance")
     # Length of plain-text answers that stop by themselves (EOS).
     text_min_tokens: int = _knob(48, "shortest natural plain-text answer")
@@ -148,25 +183,19 @@ def _problems(c: EmulatorConfig) -> list[str]:
         out.append("time_scale must be > 0")
     positive = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_block_size")
     out += [f"{name} must be > 0" for name in positive if getattr(c, name) <= 0]
-    costs = (
-        "step_overhead_ms",
-        "weights_read_ms",
-        "kv_read_ms_per_seq",
-        "compute_ms_per_token",
-        "draft_cost_ratio",
-        "draft_prefill_ratio",
-        "spec_overhead_ms",
-        "stall_s",
-    )
-    out += [f"{name} must be >= 0" for name in costs if getattr(c, name) < 0]
+    out += [f"{name} must be >= 0" for name in (*ROOFLINE_KNOBS, "stall_s") if getattr(c, name) < 0]
+    out += _gpu_problems(c)
     if c.num_speculative_tokens < 1:
         out.append("num_speculative_tokens must be >= 1")
     if c.kv_cache_tokens < c.max_model_len + c.num_speculative_tokens + c.kv_block_size:
         out.append("kv_cache_tokens must hold one max_model_len request")
     if c.max_num_batched_tokens <= c.num_speculative_tokens:
         out.append("max_num_batched_tokens must fit one speculative step (k + 1 tokens)")
-    probs = ("acceptance_structured", "acceptance_code", "acceptance_chat", "acceptance_creative")
-    out += [f"{name} must be in [0, 1]" for name in probs if not 0 <= getattr(c, name) <= 1]
+    out += [
+        f"{name} must be in [0, 1]"
+        for name in ACCEPTANCE_KNOBS
+        if getattr(c, name) is not None and not 0 <= getattr(c, name) <= 1
+    ]
     if not 0 <= c.acceptance_jitter <= 0.5:
         out.append("acceptance_jitter must be in [0, 0.5]")
     if not 1 <= c.text_min_tokens <= c.text_max_tokens:
@@ -177,6 +206,30 @@ def _problems(c: EmulatorConfig) -> list[str]:
         out.append("drop_after_chunks >= -1, stall_after_chunks >= 0, fault_limit >= 0")
     if c.error_after_chunks < -1:
         out.append("error_after_chunks >= -1")
+    return out
+
+
+def _gpu_problems(c: EmulatorConfig) -> list[str]:
+    """A GPU profile that exists, a drafter it measured, no roofline knob it would ignore."""
+    if c.drafter not in get_args(Drafter):
+        return [f"drafter must be one of {get_args(Drafter)}, got {c.drafter!r}"]
+    if c.gpu_profile == ROOFLINE:
+        return []
+    try:
+        profile = load_gpu_profile(c.gpu_profile)
+    except ValueError as exc:
+        return [str(exc)]
+    out = []
+    if c.mode in SPECULATIVE_MODES and c.drafter not in profile.drafters:
+        have = ", ".join(sorted(profile.drafters)) or "none: target only, so mode baseline only"
+        out.append(f"gpu_profile {c.gpu_profile} measured no drafter {c.drafter!r} ({have})")
+    defaults = {f.name: f.default for f in dataclasses.fields(EmulatorConfig)}
+    ignored = [name for name in ROOFLINE_KNOBS if getattr(c, name) != defaults[name]]
+    if ignored:
+        out.append(
+            f"{', '.join(ignored)} price steps only with gpu_profile={ROOFLINE}; "
+            f"{c.gpu_profile} is measured"
+        )
     return out
 
 
@@ -212,6 +265,8 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
                 default=f.default,
                 help=f.metadata["help"],
             )
+        elif hint == float | None:
+            parser.add_argument(flag, type=float, default=None, help=f.metadata["help"])
         elif _is_literal(hint):
             parser.add_argument(
                 flag, choices=get_args(hint), default=f.default, help=f.metadata["help"]
@@ -222,6 +277,20 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
                 type=hint,
                 default=f.default,
                 help=f"{f.metadata['help']} (default: %(default)s)",
+            )
+
+
+def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
+    """--gpu-profile and --drafter, for commands that start emulated servers (demo, bench)."""
+    hints = get_type_hints(EmulatorConfig)
+    for f in dataclasses.fields(EmulatorConfig):
+        if f.name in ("gpu_profile", "drafter"):
+            choices = get_args(hints[f.name]) or (*profile_names(), ROOFLINE)
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"),
+                choices=choices,
+                default=f.default,
+                help=f"EMULATED servers: {f.metadata['help']} (default: %(default)s)",
             )
 
 

@@ -1,0 +1,1 @@
+"""The measured GPUs the emulator runs on: profiles built from measured/ (see build.py)."""
