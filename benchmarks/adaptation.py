@@ -133,14 +133,15 @@ class Scenario:
 
 
 def _steps(factor: float) -> Scenario:
-    """Every step cost x factor (the emulator's step knobs, both servers)."""
+    """Every step cost x factor (the roofline's step knobs, both servers: NOT measured)."""
     base = EmulatorConfig(mode="baseline")
-    knobs = {k: getattr(base, k) * factor for k in _STEP_KNOBS}
+    knobs: dict[str, Any] = {k: getattr(base, k) * factor for k in _STEP_KNOBS}
+    knobs["gpu_profile"] = "roofline"
     return Scenario(f"steps{factor:g}", f"every step cost x{factor:g}", knobs, step_factor=factor)
 
 
 SCENARIOS = [
-    Scenario("default", "CALIBRATION.md: a .80/.75/.50/.25, k 4, c 0.2"),
+    Scenario("default", "CALIBRATION.md: measured H200, 1B draft, a .80/.75/.50/.25, k 4"),
     Scenario(
         "permuted",
         "a per kind permuted: structured .50, code .25, chat .80, creative .75",
@@ -161,8 +162,16 @@ SCENARIOS = [
             "acceptance_creative": 0.8,
         },
     ),
-    Scenario("c0.02", "draft cost c 0.02", {"draft_cost_ratio": 0.02}),
-    Scenario("c0.4", "draft cost c 0.4", {"draft_cost_ratio": 0.4}),
+    Scenario(
+        "eagle3",
+        "an EAGLE-3-like head (measured, c 0.05; its own acceptance)",
+        {"drafter": "eagle3"},
+    ),
+    Scenario(
+        "c0.4",
+        "draft cost c 0.4 (roofline GPU, NOT measured)",
+        {"gpu_profile": "roofline", "draft_cost_ratio": 0.4},
+    ),
     Scenario("k2", "k 2", {"num_speculative_tokens": 2}),
     Scenario("k8", "k 8", {"num_speculative_tokens": 8}),
     _steps(0.5),

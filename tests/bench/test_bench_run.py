@@ -131,7 +131,9 @@ def test_advise_on_the_bench_json(
             lines.setdefault(line.split()[0], line)
     assert "SPECULATE" in lines["structured"]
     assert "DON'T" in lines["creative"] and "drafts mostly rejected" in lines["creative"]
-    assert "DON'T" in lines["rag"] and "prefill" in lines["rag"]
+    # On the measured H200 a 3k-token prompt prefills in ~60 ms, so RAG's 32-token answer
+    # is decode-bound (prefill ~40% of e2e): it loses on its chat-level acceptance.
+    assert "DON'T" in lines["rag"] and "drafts mostly rejected" in lines["rag"]
     assert "ROUTE PER REQUEST" in lines["overall"] and "regret" in lines["overall"]
     for question in ("structured output?", "small batches?", "short context?", "spare memory?"):
         assert question in text

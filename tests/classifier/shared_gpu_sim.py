@@ -2,7 +2,10 @@
 
 (simulate(gpus=2) gives each engine its own GPU, to compare.)
 
-The emulator's timing (tooling/emulator/costs.py: the same step costs, the same
+The emulator's FIRST timing (tooling/emulator/costs.py with --gpu-profile roofline, not
+the measured H200 the emulator now defaults to, and turns taken, not its time-sliced
+SharedGpu: the router's model of a shared GPU is still that one, and the issue that
+moves the router to the measured GPU moves this simulation with it; the same step costs, the same
 chunked-prefill budget, the same position-by-position draft acceptance) without
 its wall clock, so a router can be run over thousands of requests at any
 concurrency in seconds. As with the emulator's SharedGpu, the two engines take
@@ -67,6 +70,9 @@ from tooling.workloads import build
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 MIXED = ["structured", "sql", "code", "creative", "rag", "chat"]
 
+# The GPU these simulations (and the router's shared-GPU tests) were built on.
+ROOFLINE_SPEC = EmulatorConfig(mode="speculative", gpu_profile="roofline")
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -89,7 +95,7 @@ def jobs(
 ) -> list[Job]:
     """The built-in workloads' requests, interleaved, with the emulator's truths."""
     counter = counter or load_tiktoken_counter()
-    c = emulator or EmulatorConfig(mode="speculative")
+    c = emulator or ROOFLINE_SPEC
     rng = random.Random(seed)
     out: list[Job] = []
     for request in build(list(names), count_per_workload, seed=seed):
@@ -148,7 +154,7 @@ def engine_profile(
     per batch and first token per prompt from the emulator's costs, the overlap (1:
     one GPU taking turns; 0: a GPU each), and per workload the probes' tokens per
     step, from `probes` (per-position a) where given, else the emulator's truth."""
-    c = emulator or EmulatorConfig(mode="speculative")
+    c = emulator or ROOFLINE_SPEC
     k = c.num_speculative_tokens
     seen = probe_acceptance(c, counter or load_tiktoken_counter())
     seen.update(probes or {})
@@ -188,7 +194,7 @@ def profiled(
     counter: TokenCounter | None = None,
 ) -> ProfiledPolicy:
     """The gateway's default policy, its start-up profile of these engines in."""
-    c = emulator or EmulatorConfig(mode="speculative")
+    c = emulator or ROOFLINE_SPEC
     return ProfiledPolicy(
         config or RouterConfig(),
         k=c.num_speculative_tokens,
@@ -243,7 +249,7 @@ def simulate(
 
     gpus=2 gives each engine its own GPU: they step independently.
     """
-    c = emulator or EmulatorConfig(mode="speculative")
+    c = emulator or ROOFLINE_SPEC
     k = c.num_speculative_tokens
     learn: Callable[[Lesson], None] = router.learn
     rng = random.Random(seed)
