@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.resources
-import json
 from typing import Any
 
 import aiohttp
@@ -40,7 +39,7 @@ from gateway.state import (
     SHADOWS,
     TOKENS,
 )
-from gateway.validation import parse_body
+from gateway.validation import parse_body, with_member
 
 _BIG_BODY = 256 * 1024  # parsing and reading it take a millisecond or more
 _JSON_TYPES = ("application/json", "application/octet-stream")
@@ -222,8 +221,9 @@ def ask_for_usage(body: dict[str, Any], raw: bytes, endpoint: Endpoint) -> tuple
     """Make a stream report its usage; return the body to send and whether to strip it.
 
     vLLM reports token counts (and per-request speculative metrics) in a final
-    usage chunk only when asked. The gateway needs them to measure, so it asks;
-    if the client did not, that chunk is removed again on the way back. A Responses
+    usage chunk only when asked. The gateway needs them to measure, so it asks (at
+    the end of the client's bytes, never in a re-serialised body: with_member); if
+    the client did not, that chunk is removed again on the way back. A Responses
     stream always has its usage, in response.completed.
     """
     if not body.get("stream") or endpoint is Endpoint.RESPONSES:
@@ -231,13 +231,12 @@ def ask_for_usage(body: dict[str, Any], raw: bytes, endpoint: Endpoint) -> tuple
     options = body.get("stream_options") or {}
     if options.get("include_usage"):
         return raw, False
-    patched = dict(body)
-    patched["stream_options"] = {**options, "include_usage": True}
+    patched = {**options, "include_usage": True}
     if options.get("continuous_usage_stats"):
         # vLLM honours it only with include_usage: without, the client gets no
         # usage anywhere, so the stream must not start carrying it per event.
-        patched["stream_options"]["continuous_usage_stats"] = False
-    return json.dumps(patched, separators=(",", ":")).encode(), True
+        patched["continuous_usage_stats"] = False
+    return with_member(raw, "stream_options", patched), True
 
 
 async def models(request: web.Request) -> web.Response:

@@ -61,6 +61,24 @@ def parse_body(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
     return body
 
 
+def with_member(raw: bytes, name: str, value: Any) -> bytes:
+    """`raw`, a JSON object that parse_body took, with `name` set to `value`.
+
+    The body is not re-serialised: what a parser takes and no serialiser writes back
+    would change on the way (1e309 became Infinity, which is no JSON; a nesting
+    json.dumps cannot recurse into was a 500). The member goes at the end, and of
+    two members with one name a JSON parser keeps the last (Python's, so vLLM's, and
+    pydantic's do), so it overrides one the client sent.
+    """
+    try:
+        member = json.dumps({name: value}, separators=(",", ":"), allow_nan=False)[1:-1]
+    except (ValueError, RecursionError) as exc:  # the client's part of `value`
+        raise APIError(400, f"'{name}' is not valid JSON: {exc}", param=name) from None
+    body = raw.rstrip(b" \t\r\n")[:-1].rstrip(b" \t\r\n")  # less its closing brace
+    comma = b"" if body.endswith(b"{") else b","
+    return body + comma + member.encode() + b"}"
+
+
 def _check_messages(body: dict[str, Any]) -> None:
     messages = body.get("messages")
     if messages is None:

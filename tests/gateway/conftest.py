@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -10,6 +10,7 @@ from classifier.tokens import TokenCounter, load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import Config, parse_config
 from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.misbehaving_upstream import MisbehavingUpstream
 
 ServerFactory = Callable[[web.Application], Awaitable[TestServer]]
 ClientFactory = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
@@ -85,3 +86,18 @@ def gateway_for(
         return await aiohttp_client(create_app(config, tokens=tokens))
 
     return make
+
+
+RawUpstreams = tuple[MisbehavingUpstream, MisbehavingUpstream]
+
+
+@pytest.fixture
+async def raw_upstreams() -> AsyncIterator[RawUpstreams]:
+    """Two raw backends (speculative, baseline) that answer well until told otherwise,
+    and record the bytes they were sent."""
+    spec, base = MisbehavingUpstream("speculative"), MisbehavingUpstream("baseline")
+    await spec.start()
+    await base.start()
+    yield spec, base
+    await spec.close()
+    await base.close()

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from classifier.tokens import TokenCounter
+from gateway.app import create_app
+from tests.gateway.conftest import ClientFactory, RawUpstreams, make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_routing import chat
 
@@ -75,3 +79,35 @@ async def test_chunks_arrive_as_they_are_produced(
     assert first.startswith(b"data: ")
     assert not spec_upstream.sent_streams  # the upstream is still producing
     await resp.read()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # About 1,010 levels deep, in a body of 64 KB or more (parsed by orjson, which
+        # takes 1,024): json.dumps hit its recursion limit, and the client got a 500.
+        b'"deep":' + b"[" * 1010 + b"]" * 1010 + b',"pad":"' + b"x" * 70_000 + b'"',
+        # A number no float holds, in a field the gateway does not read: it was sent on
+        # as Infinity, which is no JSON, and vLLM's parser refuses.
+        b'"repetition_penalty":1e309',
+    ],
+    ids=["deeply_nested", "huge_number"],
+)
+async def test_a_stream_asks_for_usage_without_rewriting_the_body(
+    aiohttp_client: ClientFactory,
+    raw_upstreams: RawUpstreams,
+    tokens: TokenCounter,
+    extra: bytes,
+) -> None:
+    """The body goes out as the client wrote it, with the gateway's stream_options
+    after it: the last of two same-named members is the one a JSON parser keeps."""
+    spec, base = raw_upstreams
+    gateway = await aiohttp_client(create_app(make_config(spec.url, base.url), tokens=tokens))
+    sent = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,' + extra + b"}"
+    headers = {**SPEC, "Content-Type": "application/json"}
+    resp = await gateway.post("/v1/chat/completions", data=sent, headers=headers)
+    assert resp.status == 200
+    events = [e for e in (await resp.read()).split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]" and not any(b'"usage"' in e for e in events)
+    (received,) = spec.received
+    assert received.body == sent[:-1] + b',"stream_options":{"include_usage":true}}'
