@@ -429,8 +429,10 @@ class BackendPool:
             upstream.reachable = ok
             if ok and upstream.ejected_until > now and self._healthy_count() > 0:
                 ok = False  # still serving its ejection, and someone else can answer
-            if ok:
-                upstream.consecutive_failures = 0
+            # A 200 says the process answers, not that it generates: a wedged engine's
+            # /health says 200 too. So a probe leaves the request failures as they are,
+            # and an endpoint readmitted after its ejection is on probation: its next
+            # failure ejects it again, its next success clears them (report_success).
             if ok != upstream.healthy:
                 log.info("backend_health_changed", backend=backend.route.value, healthy=ok)
             upstream.healthy = ok

@@ -24,19 +24,21 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from classifier.policy import Route
-from gateway.backends import BackendPool, Upstream
+from gateway.backends import Backend, BackendPool, Upstream
 from gateway.config import Config
 from gateway.errors import APIError
+from gateway.failures import UpstreamFailure
 from gateway.proxy import (
+    AnswerBounds,
     EventReader,
+    Relay,
     Target,
-    UpstreamFailure,
     failure_response,
     open_upstream,
     read_chat_events,
     relay,
 )
-from gateway.record import UPSTREAM_ERROR_EVENT, RequestLife
+from gateway.record import ANSWER_FAILURES, RequestLife
 from gateway.state import BACKENDS, RELAYS, SESSION, SHADOWS
 
 ROUTE_HEADER = "x-specroute-route"
@@ -44,7 +46,7 @@ REASON_HEADER = "x-specroute-reason"
 FAILOVER_HEADER = "x-specroute-failover"
 PREDICTED_HEADER = "x-specroute-predicted"
 _ATTEMPTS = 3
-_RELAY_FAILURES = ("upstream_broken", "upstream_stall", "http_5xx", UPSTREAM_ERROR_EVENT)
+_RELAY_FAILURES = (*ANSWER_FAILURES, "http_5xx")
 # The endpoint that answered: the handler remembers it as a stored response's maker.
 ANSWERED_BY = web.RequestKey("specroute_answered_by", Upstream)
 
@@ -156,43 +158,58 @@ async def _attempt(
                 connect_timeout_s=config.upstream.connect_timeout_s,
                 read_timeout_s=config.upstream.read_timeout_s,
             )
-        except UpstreamFailure as failure:
-            if failure.refused:
-                pool.report_refused(backend, upstream, failure.kind)
-            else:
-                pool.report_failure(backend, upstream, failure.kind)
-            if failure.dead and retry is not _Retry.NONE and config.upstream.failover:
-                # Down (refused, or the connection dropped before an answer): the
-                # other backend is tried whatever its state, the attempt is the probe.
-                if pool.of(route.other).has_room:
-                    return _FailOver(budgeted=False, dead=True)
-            elif (
-                failure.retryable
-                and retry is _Retry.ANY
-                and (move := _retry(pool, config, route, routed.pair))
-            ):
+            sick = response.status >= 500 and retry is _Retry.ANY
+            if sick and (move := _retry(pool, config, route, routed.pair)):
+                response.close()
+                pool.report_failure(backend, upstream, "http_5xx")
                 return move
-            return failure_response(meter, failure, headers)
-        sick = response.status >= 500 and retry is _Retry.ANY
-        if sick and (move := _retry(pool, config, route, routed.pair)):
-            response.close()
-            pool.report_failure(backend, upstream, "http_5xx")
-            return move
-        request[ANSWERED_BY] = upstream
-        answer = await relay(
-            request,
-            response,
-            meter,
-            name=route.value,
-            response_headers=headers,
-            strip_usage_chunk=routed.strip_usage_chunk,
-            read_events=routed.read_events,
-        )
+            request[ANSWERED_BY] = upstream
+            how = Relay(
+                route.value,
+                headers,
+                routed.strip_usage_chunk,
+                routed.read_events,
+                AnswerBounds.of(config),
+            )
+            answer = await relay(request, response, meter, how)
+        except UpstreamFailure as failure:  # nothing reached the client
+            note_failure(pool, backend, upstream, failure)
+            move = _move_after(pool, config, route, routed.pair, failure, retry)
+            return move or failure_response(meter, failure, headers)
     if meter.error_kind in _RELAY_FAILURES:
         pool.report_failure(backend, upstream, meter.error_kind or "")
     elif meter.error_kind is None:
         pool.report_success(upstream)
     return answer
+
+
+def note_failure(
+    pool: BackendPool, backend: Backend, upstream: Upstream, failure: UpstreamFailure
+) -> None:
+    """Count a backend's failure; one that refused the connection leaves rotation now.
+    A drain is the gateway's doing, not the backend's."""
+    if failure.refused:
+        pool.report_refused(backend, upstream, failure.kind)
+    elif failure.kind != "drained":
+        pool.report_failure(backend, upstream, failure.kind)
+
+
+def _move_after(
+    pool: BackendPool,
+    config: Config,
+    route: Route,
+    pair: int,
+    failure: UpstreamFailure,
+    retry: _Retry,
+) -> _FailOver | None:
+    """Whether the other backend answers instead, after a failure before any byte."""
+    if failure.dead and retry is not _Retry.NONE and config.upstream.failover:
+        # Down (refused, or the connection dropped before an answer): the
+        # other backend is tried whatever its state, the attempt is the probe.
+        return _FailOver(budgeted=False, dead=True) if pool.of(route.other).has_room else None
+    if failure.retryable and retry is _Retry.ANY:
+        return _retry(pool, config, route, pair)
+    return None
 
 
 def _can_take(pool: BackendPool, config: Config, route: Route, *, ejected_too: bool) -> bool:

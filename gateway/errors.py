@@ -19,6 +19,7 @@ log = structlog.get_logger("specroute.errors")
 request_log = structlog.get_logger("specroute.request")
 # Set by a handler that writes the request's canonical log line itself.
 LOGGED = web.RequestKey("specroute_logged", bool)
+REQUEST_ID = web.RequestKey("specroute_request_id", str)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -80,6 +81,22 @@ def error_response(
     )
 
 
+def draining() -> APIError:
+    """What a new request gets once SIGTERM came (gateway/serve.py)."""
+    return APIError(
+        503, "the gateway is shutting down", code="draining", headers={"Retry-After": "1"}
+    )
+
+
+def request_id(request: web.Request) -> str:
+    """The request's id, the same each time it is asked: the client's X-Request-Id if
+    it is a safe token, else a fresh one. The backend, the log and the client get it."""
+    known = request.get(REQUEST_ID)
+    if known is None:
+        known = request[REQUEST_ID] = request_id_of(request.headers)
+    return known
+
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -91,7 +108,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     if response.status >= 400 and not request.get(LOGGED, False):
         request_log.info(
             "request",
-            request_id=request_id_of(request.headers),
+            request_id=request_id(request),
             method=request.method,
             path=request.path,
             status=f"{response.status // 100}xx",

@@ -18,7 +18,7 @@ from classifier.tokens import TokenCounter
 from gateway import responses
 from gateway.config import Config
 from gateway.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, dispatch
-from gateway.errors import LOGGED, APIError, error_response
+from gateway.errors import LOGGED, APIError, draining, error_response
 from gateway.learning import learn, predicted_header
 from gateway.live import whole_servers
 from gateway.outcome import count_request, log_request
@@ -67,9 +67,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     structlog.contextvars.bind_contextvars(request_id=life.request_id, endpoint=endpoint.value)
     try:
         if app[RUNTIME].draining:
-            raise APIError(
-                503, "the gateway is shutting down", code="draining", headers={"Retry-After": "1"}
-            )
+            raise draining()
         raw, body, features = await read_and_analyse(request, endpoint, config)
         # The recorder's redaction knows chat and completions prompts, not `input`.
         recorder = app.get(RECORDER) if endpoint is not Endpoint.RESPONSES else None
@@ -242,6 +240,8 @@ def ask_for_usage(body: dict[str, Any], raw: bytes, endpoint: Endpoint) -> tuple
 async def models(request: web.Request) -> web.Response:
     """The union of the backends' models (they normally serve the same one)."""
     app = request.app
+    if app[RUNTIME].draining:
+        raise draining()
     session = app[SESSION]
     timeout = app[RUNTIME].current.config.upstream.health_timeout_s
     urls = [(b, u.url) for b in app[BACKENDS] for u in b.upstreams]

@@ -34,9 +34,9 @@ from yarl import URL
 
 from classifier.policy import Route
 from gateway.backends import Backend, Upstream
-from gateway.dispatch import ROUTE_HEADER
-from gateway.errors import LOGGED, APIError
-from gateway.record import request_id_of
+from gateway.dispatch import ROUTE_HEADER, note_failure
+from gateway.errors import LOGGED, APIError, draining, request_id
+from gateway.failures import UPSTREAM_ERRORS, upstream_failure
 from gateway.state import BACKENDS, RUNTIME, SESSION
 
 log = structlog.get_logger("specroute.passthrough")
@@ -146,7 +146,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if fate is Fate.FORBIDDEN:
         log.warning(
             "forbidden_path",
-            request_id=request_id_of(request.headers),
+            request_id=request_id(request),
             method=request.method,
             path=request.path,
         )
@@ -155,6 +155,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
             f"{request.method} {request.path} is not forwarded: the gateway passes on "
             "vLLM's application endpoints only, never its admin or development ones",
             code="forbidden_path",
+            headers={"X-Request-Id": request_id(request)},
         )
     if fate is not Fate.PASSTHROUGH:
         raise APIError(405, f"method {request.method} not allowed on {request.path}")
@@ -184,24 +185,30 @@ async def forward(
     """Send the request to the first target that takes it and relay its answer.
 
     The next target is tried only when nothing was started: the connection was
-    refused or not accepted in time, or (a safe method) dropped before any answer.
+    refused or not accepted in time, or (a safe method) the backend failed before any
+    answer (dropped the connection, sent what is not HTTP). A failure counts against
+    its backend as a routed request's does; a success clears nothing (a wedged engine
+    still answers /version). One request id goes to the backend, the log line and the
+    client.
     """
     app = request.app
     config = app[RUNTIME].current.config
     request[LOGGED] = True
     started = time.perf_counter()
-    body = await _body(request, config.server.body_read_timeout_s)
-    headers = _request_headers(request)
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=config.upstream.connect_timeout_s,
-        sock_read=config.upstream.read_timeout_s,
-    )
-    repeatable = request.method in SAFE_METHODS
+    ids = {"X-Request-Id": request_id(request)}
     status, answered_by = 502, ""
     try:
+        if app[RUNTIME].draining:
+            raise draining()
+        body = await _body(request, config.server.body_read_timeout_s)
+        headers = _request_headers(request)
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=config.upstream.connect_timeout_s,
+            sock_read=config.upstream.read_timeout_s,
+        )
+        repeatable = request.method in SAFE_METHODS
         for i, (backend, upstream) in enumerate(targets):
-            last = i == len(targets) - 1
             url = URL(upstream.url + request.rel_url.raw_path_qs, encoded=True)
             try:
                 upstream_response = await app[SESSION].request(
@@ -212,30 +219,28 @@ async def forward(
                     timeout=timeout,
                     allow_redirects=False,
                 )
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
-                app[BACKENDS].report_refused(backend, upstream, "connect")
-                if last:
-                    raise _unreachable(backend) from None
-                continue
-            except (aiohttp.SocketTimeoutError, TimeoutError):
-                raise APIError(
-                    504, f"backend {backend.route.value} stopped answering", code="upstream_stall"
-                ) from None
-            except (aiohttp.ClientConnectionError, OSError):
-                if last or not repeatable:
-                    raise _unreachable(backend) from None
+            except UPSTREAM_ERRORS as exc:
+                failure = upstream_failure(exc, backend.route.value)
+                note_failure(app[BACKENDS], backend, upstream, failure)
+                unsent = failure.refused or failure.kind == "connect_timeout"
+                if i == len(targets) - 1 or not (unsent or (repeatable and failure.retryable)):
+                    raise APIError(failure.status, failure.message, code=failure.kind) from None
                 continue
             status, answered_by = upstream_response.status, backend.route.value
             try:
-                return await _relay(request, upstream_response)
+                return await _relay(request, upstream_response, (backend, upstream))
             finally:
                 upstream_response.close()
-        raise _unreachable(None)
+        raise APIError(502, "no backend to forward it to", code="upstream_unavailable")
+    except APIError as exc:
+        status = exc.status
+        exc.headers = {**(exc.headers or {}), **ids}
+        raise
     finally:
         request_log.info(  # the request's canonical line, as every request has one
             "request",
             kind="passthrough",
-            request_id=request_id_of(request.headers),
+            request_id=ids["X-Request-Id"],
             method=request.method,
             path=request.path,
             route=answered_by or "none",
@@ -263,7 +268,7 @@ def _request_headers(request: web.Request) -> CIMultiDict[str]:
         for k, v in request.headers.items()
         if k.lower() not in dropped and not k.lower().startswith(_GATEWAY_HEADER)
     )
-    headers["X-Request-Id"] = request_id_of(request.headers)
+    headers["X-Request-Id"] = request_id(request)
     return headers
 
 
@@ -273,7 +278,11 @@ def _named_in_connection(headers: MultiMapping[str]) -> set[str]:
     return {n.strip().lower() for v in values for n in v.split(",") if n.strip()}
 
 
-async def _relay(request: web.Request, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+async def _relay(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    target: tuple[Backend, Upstream],
+) -> web.StreamResponse:
     """The backend's status, headers and bytes as they come; a body cut short is cut
     short for the client too (the connection closes: a clean end would lie)."""
     dropped = _HOP_BY_HOP | _named_in_connection(upstream.headers)
@@ -281,21 +290,21 @@ async def _relay(request: web.Request, upstream: aiohttp.ClientResponse) -> web.
     for key, value in upstream.headers.items():
         if key.lower() not in dropped:
             response.headers.add(key, value)
+    response.headers["X-Request-Id"] = request_id(request)
     await response.prepare(request)
     try:
         async for data in upstream.content.iter_any():
-            await response.write(data)
-    except ConnectionResetError:  # the client went away
-        return response
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
-        log.warning("passthrough_broken", path=request.path, detail=type(exc).__name__)
+            try:
+                await response.write(data)
+            except ConnectionResetError:  # the client went away
+                return response
+    except UPSTREAM_ERRORS as exc:
+        backend, endpoint = target
+        failure = upstream_failure(exc, backend.route.value, answered=True)
+        note_failure(request.app[BACKENDS], backend, endpoint, failure)
+        log.warning("passthrough_broken", path=request.path, kind=failure.kind)
         if request.transport is not None:
             request.transport.close()
         return response
     await response.write_eof()
     return response
-
-
-def _unreachable(backend: Backend | None) -> APIError:
-    which = f"backend {backend.route.value}" if backend else "no backend"
-    return APIError(502, f"{which} unreachable", code="upstream_unavailable")

@@ -3,9 +3,14 @@
 The answer's bytes are relayed as they arrive. The only event the gateway may
 drop is the usage-only chunk it asked for itself (the client did not ask for
 usage, the gateway needs it to measure); every other SSE event reaches the
-client byte for byte. A client that goes away cancels the handler, which closes
-the upstream connection: vLLM then aborts the generation instead of computing
-tokens nobody will read.
+client byte for byte (framed with LF, as vLLM frames them, if a backend used CRLF).
+A client that goes away cancels the handler, which closes the upstream connection:
+vLLM then aborts the generation instead of computing tokens nobody will read.
+
+Whatever a backend does wrong (refuses, stalls, drips, cuts the answer, sends what
+no parser takes, ends a stream early) is one UpstreamFailure, classed by
+upstream_failure: failed over when the client has no byte yet, else the stream's
+error event; either way counted by its kind.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,12 +26,23 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from gateway.config import Config
 from gateway.errors import error_response, sse_error_event
+from gateway.failures import (
+    STALL,
+    UPSTREAM_ERRORS,
+    BadAnswer,
+    UpstreamFailure,
+    drained,
+    upstream_failure,
+)
 from gateway.record import CLIENT_DISCONNECT, UPSTREAM_ERROR_EVENT, Meter
 from gateway.relays import is_drain
+from gateway.sse import EventCutter
 
 _EVENT_END = b"\n\n"
 _DONE = b"data: [DONE]"
+_DONE_EVENT = _DONE + _EVENT_END
 # An event that is an error object (vLLM's shape); inside generated text the
 # quotes would be escaped, so this never matches an answer's content.
 _ERROR_EVENT = b'data: {"error"'
@@ -57,32 +72,28 @@ class Target:
     request_id: str  # the id the gateway logs and returns, so the two logs join
 
 
-class UpstreamFailure(Exception):
-    """The backend failed before the client got a byte: another backend may answer.
+@dataclass(frozen=True, slots=True)
+class AnswerBounds:
+    """How slow and how big a backend's answer may be.
 
-    `message` goes to the client: the route and a reason, never an address.
-    `dead`: the connection failed before any answer (refused, dropped, reset):
-    the backend is down or restarting. `refused`: no connection could be opened
-    at all, which says the process is gone (a dropped pooled connection does not).
+    read_timeout_s bounds the silence between two reads (aiohttp's sock_read). A
+    backend that drips a byte at a time never meets that bound, so an SSE event must
+    also be whole within read_timeout_s of its first byte, and a whole answer within
+    read_timeout_s of its headers: vLLM writes each event, and a whole answer, in one
+    go, so a healthy backend's take microseconds.
+
+    max_event_bytes bounds what is buffered while an event has not ended. The biggest
+    events vLLM sends repeat the prompt (a completions echo, prompt logprobs), so the
+    bound follows the biggest body the gateway admits: four times server.max_body_bytes
+    (16 MiB by default), room for JSON's escapes.
     """
 
-    def __init__(
-        self,
-        kind: str,
-        status: int,
-        message: str,
-        *,
-        retryable: bool,
-        dead: bool = False,
-        refused: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.status = status
-        self.message = message
-        self.retryable = retryable
-        self.dead = dead or refused
-        self.refused = refused
+    read_timeout_s: float
+    max_event_bytes: int
+
+    @classmethod
+    def of(cls, config: Config) -> AnswerBounds:
+        return cls(config.upstream.read_timeout_s, 4 * config.server.max_body_bytes)
 
 
 async def open_upstream(
@@ -112,52 +123,39 @@ async def open_upstream(
         if not is_drain(exc):
             raise
         _uncancel()
-        raise UpstreamFailure(
-            "drained", 503, "the gateway is shutting down", retryable=False
-        ) from None
-    except aiohttp.ConnectionTimeoutError:
-        raise UpstreamFailure(
-            "connect_timeout",
-            504,
-            f"backend {name} did not accept the connection in time",
-            retryable=True,
-        ) from None
-    except (aiohttp.SocketTimeoutError, TimeoutError):
-        # Connected, sent, then silence: the backend may be working on it, so
-        # this is a stall, not a refusal.
-        raise UpstreamFailure(
-            "upstream_stall", 504, f"backend {name} stopped answering", retryable=False
-        ) from None
-    except (aiohttp.ClientConnectionError, OSError) as exc:
-        log.warning("upstream_unreachable", backend=name, url=target.base_url, detail=str(exc))
-        raise UpstreamFailure(
-            "connect",
-            502,
-            f"backend {name} unreachable: {_why(exc)}",
-            retryable=True,
-            dead=True,
-            refused=isinstance(exc, aiohttp.ClientConnectorError),
-        ) from None
+        raise drained() from None
+    except UPSTREAM_ERRORS as exc:
+        failure = upstream_failure(exc, name)
+        event = "upstream_unreachable" if failure.dead else "upstream_failed"
+        log.warning(
+            event, backend=name, url=target.base_url, kind=failure.kind, detail=str(exc)[:200]
+        )
+        raise failure from None
+
+
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """How one answer is relayed: whose it is, what the client's response carries, and
+    what its events say."""
+
+    name: str  # the backend's route name, for errors
+    headers: dict[str, str]  # the gateway's own response headers
+    strip_usage_chunk: bool  # drop the usage chunk the gateway asked for
+    read_events: EventReader
+    bounds: AnswerBounds
 
 
 async def relay(
-    request: web.Request,
-    upstream: aiohttp.ClientResponse,
-    meter: Meter,
-    *,
-    name: str,
-    response_headers: dict[str, str],
-    strip_usage_chunk: bool,
-    read_events: EventReader | None = None,
+    request: web.Request, upstream: aiohttp.ClientResponse, meter: Meter, how: Relay
 ) -> web.StreamResponse:
-    """Stream (or copy) the backend's answer to the client; always closes `upstream`."""
+    """Stream (or copy) the backend's answer to the client; always closes `upstream`.
+
+    A whole answer that fails before the client got a byte raises UpstreamFailure,
+    as a failure to connect does: another backend may answer it."""
     try:
         if upstream.status == 200 and upstream.content_type == "text/event-stream":
-            reader = read_events or read_chat_events
-            return await _relay_stream(
-                request, upstream, meter, response_headers, strip_usage_chunk, reader
-            )
-        return await _relay_whole(request, upstream, meter, response_headers, name)
+            return await _relay_stream(request, upstream, meter, how)
+        return await _relay_whole(request, upstream, meter, how)
     finally:
         # On success the body was read to the end and the connection goes back
         # to the pool; on cancellation or error it is closed, which is what
@@ -172,28 +170,20 @@ def failure_response(
 
 
 async def _relay_whole(
-    request: web.Request,
-    upstream: aiohttp.ClientResponse,
-    meter: Meter,
-    response_headers: dict[str, str],
-    name: str,
+    request: web.Request, upstream: aiohttp.ClientResponse, meter: Meter, how: Relay
 ) -> web.StreamResponse:
     try:
-        payload = await upstream.read()
+        async with asyncio.timeout(how.bounds.read_timeout_s):  # a drip is a stall
+            payload = await upstream.read()
     except asyncio.CancelledError as exc:
         if not is_drain(exc):
             raise
         _uncancel()
-        return _fail(meter, "drained", 503, "the gateway is shutting down", response_headers)
-    except TimeoutError:  # aiohttp's read timeouts are TimeoutErrors too
-        return _fail(
-            meter, "upstream_stall", 504, f"backend {name} stopped answering", response_headers
-        )
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-        why = f"backend {name} broke the answer: {_why(exc)}"
-        return _fail(meter, "upstream_broken", 502, why, response_headers)
+        raise drained() from None
+    except UPSTREAM_ERRORS as exc:
+        raise upstream_failure(exc, how.name, answered=True) from None
     meter.status = upstream.status
-    headers = dict(response_headers)
+    headers = dict(how.headers)
     headers["Content-Type"] = "application/json"
     headers.update({k: v for k in _PASSED_RESPONSE_HEADERS if (v := upstream.headers.get(k))})
     response = web.Response(status=upstream.status, body=payload, headers=headers)
@@ -215,30 +205,23 @@ async def _relay_whole(
 
 
 async def _relay_stream(
-    request: web.Request,
-    upstream: aiohttp.ClientResponse,
-    meter: Meter,
-    response_headers: dict[str, str],
-    strip_usage_chunk: bool,
-    read_events: EventReader,
+    request: web.Request, upstream: aiohttp.ClientResponse, meter: Meter, how: Relay
 ) -> web.StreamResponse:
-    response = web.StreamResponse(status=200, headers=response_headers)
+    """The status goes out now; a failure after it ends the stream with an error event."""
+    response = web.StreamResponse(status=200, headers=how.headers)
     response.content_type = "text/event-stream"
     response.headers["Cache-Control"] = "no-cache"
-    if encoding := upstream.headers.get("Content-Encoding"):
+    encoding = upstream.headers.get("Content-Encoding", "identity")
+    if encoding != "identity":
         response.headers["Content-Encoding"] = encoding
     meter.status = 200
     await response.prepare(request)
-    pending = b""
     try:
-        async for data in upstream.content.iter_any():
-            pending += data
-            cut = pending.rfind(_EVENT_END)
-            if cut < 0:
-                continue
-            complete, pending = pending[: cut + 2], pending[cut + 2 :]
-            await _send(response, meter, read_events(complete, meter, strip_usage_chunk))
-        await _send(response, meter, pending)
+        if encoding == "identity":
+            await _relay_events(upstream, response, meter, how)
+        else:  # compressed anyway: relayed as it comes, unread
+            async for data in upstream.content.iter_any():
+                await _send(response, meter, data)
     except _ClientGone:
         meter.fail(CLIENT_DISCONNECT)
         meter.finish()
@@ -248,16 +231,41 @@ async def _relay_stream(
             raise
         _uncancel()
         await _end_stream_with_error(response, meter, "drained", "the gateway is shutting down")
-    except TimeoutError:  # aiohttp's read timeouts are TimeoutErrors too
-        await _end_stream_with_error(response, meter, "upstream_stall", "no data in time")
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-        await _end_stream_with_error(response, meter, "upstream_broken", _why(exc))
+    except UPSTREAM_ERRORS as exc:
+        failure = upstream_failure(exc, how.name, answered=True)
+        await _end_stream_with_error(response, meter, failure.kind, failure.message)
     meter.finish()
     try:
         await response.write_eof()
     except ConnectionResetError:  # gone between the last event and the end of the body
         meter.fail(CLIENT_DISCONNECT)
     return response
+
+
+async def _relay_events(
+    upstream: aiohttp.ClientResponse, response: web.StreamResponse, meter: Meter, how: Relay
+) -> None:
+    """Each run of whole events, as it comes; raises what the backend did wrong."""
+    bounds, read_events, strip = how.bounds, how.read_events, how.strip_usage_chunk
+    events = EventCutter(bounds.max_event_bytes)
+    clock = asyncio.get_running_loop().time
+    due: float | None = None  # when the event begun must be whole (AnswerBounds)
+    async for data in upstream.content.iter_any():
+        complete = events.feed(data)
+        if complete:
+            due = None
+            await _send(response, meter, read_events(complete, meter, strip))
+        if events.pending:
+            if due is None:
+                due = clock() + bounds.read_timeout_s
+            elif clock() > due:
+                why = f"sent no whole event in {bounds.read_timeout_s:g} s"
+                raise BadAnswer(STALL, why)
+    if not meter.ended:
+        # Cut short, however cleanly: what came after the last whole event is not
+        # relayed, since the error event that follows would run into it.
+        raise BadAnswer("upstream_truncated", "ended the stream before its last event")
+    await _send(response, meter, events.rest())
 
 
 def _uncancel() -> None:
@@ -285,6 +293,7 @@ def read_chat_events(chunk: bytes, meter: Meter, strip_usage_chunk: bool) -> byt
     """Chat and completions chunks: note the first token, the usage and the step count;
     drop the usage chunk we asked for."""
     meter.events += chunk.count(_EVENT_END)
+    meter.ended = chunk.endswith(_DONE_EVENT)  # [DONE] is the last event a stream sends
     if _ERROR_EVENT in chunk and meter.error_kind is None:
         # vLLM ends a stream that failed midway (an engine error after the
         # status was sent) with an error event and [DONE]: relayed as it is,
@@ -381,15 +390,3 @@ def loads_object(raw: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _why(exc: BaseException) -> str:
-    """A reason a client may read: what went wrong, never where (no host or port)."""
-    os_error = getattr(exc, "os_error", exc)
-    if isinstance(os_error, OSError) and os_error.errno:
-        return os.strerror(os_error.errno).lower()
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "server disconnected"
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return "incomplete answer"
-    return type(exc).__name__

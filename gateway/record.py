@@ -26,8 +26,18 @@ CLIENT_DISCONNECT = "client_disconnect"
 # client went away or the backend broke the answer, and Envoy does not say which.
 STREAM_RESET = "stream_reset"
 UPSTREAM_ERROR_EVENT = "upstream_error_event"  # a stream the backend ended with an error event
+# How a backend fails an answer whose status was sent (specroute_upstream_errors_total's
+# kinds: gateway/proxy.py's upstream_failure names all but the error event): each
+# counts against the backend, and a stream that ends with one is a stream_error.
+ANSWER_FAILURES = (
+    "upstream_broken",  # the connection or the body cut short
+    "upstream_stall",  # silence, or an event (a whole answer) not done in read_timeout_s
+    "upstream_malformed",  # what no parser takes: not HTTP, a header or an event too long
+    "upstream_truncated",  # a stream ended cleanly without its end ([DONE])
+    UPSTREAM_ERROR_EVENT,
+)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_STREAM_FAILURES = ("upstream_broken", "upstream_stall", "drained", UPSTREAM_ERROR_EVENT)
+_STREAM_FAILURES = (*ANSWER_FAILURES, "drained")
 
 # A workload's acceptance rate attributed from vLLM's counters, or None while
 # it is too uncertain (AcceptanceSources.attributed_rate).
@@ -60,6 +70,7 @@ class Meter:
     events: int = 0
     events_before_token: int = 0
     closing_events: int = 0
+    ended: bool = False  # the stream's own end came: [DONE], or a Responses stream's last event
     # Called once at the first token: the backend's prefill of it is done.
     on_first_token: Callable[[], None] | None = None
 

@@ -39,6 +39,7 @@ _DATA = b"\ndata: "
 # Events that carry the whole response object (its id, at the end its usage).
 _WHOLE = (b"response.created", b"response.completed", b"response.incomplete", b"response.failed")
 _FAILED = (b"error", b"response.failed")
+_LAST = (b"response.completed", b"response.incomplete", *_FAILED)  # a stream's last events
 
 
 class Owner(NamedTuple):
@@ -78,11 +79,13 @@ def read_events(chunk: bytes, meter: Meter, strip_usage_chunk: bool) -> bytes:
 
     An event that carries no token counts before the first token or among the
     closing ones, so that meter.token_events counts the deltas, one per engine step,
-    as a chat stream's chunks do.
+    as a chat stream's chunks do. The stream has ended when its last event is one
+    that ends a response (vLLM sends no [DONE] here; one would do too).
     """
     for event in chunk.split(_EVENT_END)[:-1]:
         meter.events += 1
         name = _name(event)
+        meter.ended = name in _LAST or event.startswith(b"data: [DONE]")
         delta = name.endswith(b".delta")
         if delta and meter.ttft_s is None and _has_text(event):
             meter.first_token()

@@ -41,7 +41,7 @@ from gateway.dispatch import (
     Routed,
     admit,
 )
-from gateway.errors import APIError
+from gateway.errors import APIError, draining
 from gateway.extproc import messages
 from gateway.extproc.pb import ext_proc_subset_pb2 as pb
 from gateway.handlers import analyse, ask_for_usage, live_state, route_override, settle
@@ -150,9 +150,7 @@ class PickerStream:
 
     def _check_headers(self, headers: dict[str, str]) -> None:
         if self.app[RUNTIME].draining:
-            raise APIError(
-                503, "the gateway is shutting down", code="draining", headers={"Retry-After": "1"}
-            )
+            raise draining()
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if kind not in _JSON_TYPES and not kind.endswith("+json"):
             raise APIError(415, f"unsupported content type {kind!r}: send application/json")

@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.passthrough import Fate, fate_of
+from gateway.state import RUNTIME
 from tests.gateway.conftest import make_config
 from tests.gateway.fake_vllm_rest import FakeVllmRest
 from tooling.local_stack import serve_app
@@ -155,6 +156,38 @@ async def test_operator_paths_are_refused_and_logged(
     assert set(error) == {"message", "type", "param", "code"}
     assert spec_rest.seen == base_rest.seen == []
     assert [e["path"] for e in logs if e["event"] == "forbidden_path"] == [path]
+
+
+async def test_one_request_id_for_the_backend_the_log_and_the_client(
+    rest_gateway: RestGateway, spec_rest: FakeVllmRest, base_rest: FakeVllmRest
+) -> None:
+    """Before: without X-Request-Id, the backend, the log line and the client each saw
+    a different id (the client none). A refusal's lines and answer agree too."""
+    gateway = await rest_gateway()
+    with capture_logs() as logs:
+        resp = await gateway.get("/version")
+    assert resp.status == 200
+    sent = {k.lower(): v for k, v in (spec_rest.headers_seen + base_rest.headers_seen)[0].items()}
+    (line,) = [e for e in logs if e["event"] == "request"]
+    assert resp.headers["X-Request-Id"] == sent["x-request-id"] == line["request_id"]
+    with capture_logs() as logs:
+        resp = await gateway.post("/sleep")
+    assert resp.status == 403
+    assert {e["request_id"] for e in logs} == {resp.headers["X-Request-Id"]}
+
+
+async def test_passthrough_and_models_are_refused_while_draining(
+    rest_gateway: RestGateway, spec_rest: FakeVllmRest, base_rest: FakeVllmRest
+) -> None:
+    """After SIGTERM every new request gets 503, not only the routed ones."""
+    gateway = await rest_gateway()
+    gateway.app[RUNTIME].draining = True
+    for method, path in (("GET", "/version"), ("POST", "/tokenize"), ("GET", "/v1/models")):
+        resp = await gateway.request(method, path, json={"prompt": "a"})
+        assert resp.status == 503, path
+        assert (await resp.json())["error"]["code"] == "draining"
+        assert resp.headers["Retry-After"] == "1"
+    assert spec_rest.seen == base_rest.seen == []
 
 
 async def test_auth_applies_to_passed_through_paths(
