@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import tomllib
 import types
 import typing
@@ -238,7 +239,9 @@ def load_config(path: str | Path) -> Config:
             raw = tomllib.load(fh)
     except OSError as exc:
         raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (ValueError, RecursionError) as exc:
+        # TOMLDecodeError, and what tomllib lets out: bytes that are not UTF-8, an
+        # integer of over 4,300 digits, arrays nested thousands deep
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
     return parse_config(raw)
 
@@ -405,9 +408,17 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
             allowed = ", ".join(str(m.value) for m in hint)
             raise ConfigError(f"config: {key} must be one of {allowed}, got {value!r}") from None
     if hint is float:
+        # Every float key, here once: TOML has nan and inf, and an integer past a float's
+        # range overflows; no setting means any of them (nan even passes "must be > 0").
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"config: {key} must be a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"config: {key} must be a finite number, got {number}")
+        return number
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"config: {key} must be an integer, got {value!r}")

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
+import math
 import subprocess
 import sys
+import tomllib
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from classifier import Endpoint, TokenCounter, Workload, extract_features
 from classifier.policy import GuardsConfig, Route
 from classifier.router import RouterConfig
 from gateway.cli import resolve_config
-from gateway.config import ConfigError, Pairing, load_config, parse_config
+from gateway.config import Config, ConfigError, Pairing, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2/v1/"]}}
@@ -243,3 +252,131 @@ def test_a_command_line_backend_cannot_unpair_the_file(tmp_path: Path) -> None:
     assert load_config(path).backends.pairs is Pairing.BY_INDEX
     with pytest.raises(ConfigError, match=r"got 1 speculative .* and 2 baseline"):
         resolve_config(path, None, None, ["speculative=http://s:1"])
+
+
+# ---- what a hostile file holds: one line, never a traceback (at start and on SIGHUP) ----
+
+
+def _float_keys(cls: type[Any], path: str = "") -> list[str]:
+    """Every float key of the config, however deep (the router's tuning included)."""
+    keys = []
+    for name, hint in typing.get_type_hints(cls).items():
+        key = f"{path}.{name}" if path else name
+        if dataclasses.is_dataclass(hint):
+            keys += _float_keys(typing.cast(type[Any], hint), key)
+        elif float in (hint, *typing.get_args(hint)):
+            keys.append(key)
+    return keys
+
+
+def _nested(key: str, value: object) -> dict[str, Any]:
+    """{"a": {"b": value}} for "a.b", merged into a config that is valid without it."""
+    raw: dict[str, Any] = copy.deepcopy({"backends": BACKENDS})
+    *tables, leaf = key.split(".")
+    table = raw
+    for name in tables:
+        table = table.setdefault(name, {})
+    table[leaf] = value
+    return raw
+
+
+FLOAT_KEYS = _float_keys(Config)
+
+
+def test_the_float_keys_are_found() -> None:
+    assert {"server.drain_s", "upstream.read_timeout_s", "routing.tuning.switch_margin"} <= set(
+        FLOAT_KEYS
+    )
+    assert "backends.speculative.draft_cost_ratio" in FLOAT_KEYS
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize(
+    "value", [math.nan, math.inf, -math.inf, 10**400], ids=["nan", "inf", "-inf", "1e400"]
+)
+def test_every_float_key_refuses_nan_and_infinities_by_name(key: str, value: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(_nested(key, value))
+    assert str(exc.value).startswith(f"config: {key} must be a finite number, got ")
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[server]\ndrain_s = nan\n", "config: server.drain_s must be a finite number, got nan"),
+        (
+            "[upstream]\nread_timeout_s = 1e400\n",
+            "config: upstream.read_timeout_s must be a finite number, got inf",
+        ),
+        ("[server]\nhost = '\xff'\n", "is not valid TOML: 'utf-8' codec can't decode byte 0xff"),
+        ("[server]\nport = " + "9" * 5000 + "\n", "is not valid TOML: Exceeds the limit"),
+        ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", "is not valid TOML: maximum recursion"),
+    ],
+)
+def test_a_config_file_of_any_content_is_one_line(tmp_path: Path, toml: str, message: str) -> None:
+    path = tmp_path / "c.toml"
+    backends = '[backends.speculative]\nurls = ["http://a:1"]\n[backends.baseline]\nurls = ["http://b:1"]\n'
+    path.write_bytes((backends + toml).encode("latin-1"))  # \xff: one byte, not UTF-8
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+toml_values = st.recursive(
+    st.one_of(
+        st.booleans(),
+        st.floats(),
+        st.integers(min_value=-(2**1100), max_value=2**1100),
+        st.text(max_size=10),
+        st.datetimes(),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+SHIPPED = tomllib.loads((ROOT / "config.toml").read_text())
+
+
+def _config_keys(raw: dict[str, Any], path: str = "") -> list[str]:
+    keys = []
+    for name, value in raw.items():
+        key = f"{path}.{name}" if path else name
+        keys.append(key)
+        if isinstance(value, dict):
+            keys += _config_keys(value, key)
+    return keys
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    key=st.sampled_from([*_config_keys(SHIPPED), *FLOAT_KEYS, "routing.tuning.rules.nope"]),
+    value=toml_values,
+)
+def test_any_value_of_any_key_is_a_config_or_one_line(key: str, value: object) -> None:
+    raw = copy.deepcopy(SHIPPED)
+    *tables, leaf = key.split(".")
+    table = raw
+    for name in tables:
+        table = table.setdefault(name, {}) if isinstance(table.get(name, {}), dict) else {}
+    table[leaf] = value
+    try:
+        config = parse_config(raw)
+    except ConfigError as exc:
+        assert "\n" not in str(exc)
+        return
+    for key in FLOAT_KEYS:
+        assert math.isfinite(functools.reduce(getattr, key.split("."), config)), key
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.binary(max_size=200))
+def test_any_bytes_are_a_config_or_one_line(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes
+) -> None:
+    path = tmp_path_factory.mktemp("config") / "c.toml"
+    path.write_bytes(data)
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        assert "\n" not in str(exc)

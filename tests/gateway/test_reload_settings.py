@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import structlog
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from classifier.acceptance_model import AcceptanceModel, acceptance_features
 from classifier.features import Workload
 from gateway import serve
-from gateway.config import Config, ConfigError, LoggingConfig, parse_config
+from gateway.config import Config, ConfigError, LoggingConfig, load_config, parse_config
 from gateway.runtime import RELOADABLE, Runtime, changed_keys, is_reloadable
 from gateway.state import RUNTIME
 from gateway.telemetry import configure_logging
@@ -174,3 +175,30 @@ def test_reload_applies_the_log_level(
     assert serve.reload(app, lambda: loud) is True
     probe.debug("debug_after_second_reload")
     assert "debug_after_second_reload" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[server]\nhost = '\xff'\n", "is not valid TOML: 'utf-8' codec can't decode byte 0xff"),
+        (b"[server]\ndrain_s = nan\n", "config: server.drain_s must be a finite number, got nan"),
+        (b"[upstream]\nread_timeout_s = 1e400\n", "upstream.read_timeout_s must be a finite"),
+    ],
+)
+def test_sighup_refuses_a_file_of_any_content_in_one_line(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    """A config file that is not UTF-8 used to leave serve.reload as a UnicodeDecodeError
+    (an asyncio callback traceback), and nan or 1e400 used to be applied."""
+    path = tmp_path / "config.toml"
+    path.write_bytes(
+        b'[backends]\nspeculative.urls = ["http://a:1"]\nbaseline.urls = ["http://b:2"]\n'
+    )
+    app = bare_app(load_config(path))
+    before = app[RUNTIME].current
+    path.write_bytes(path.read_bytes() + content)
+    with capture_logs() as logs:
+        assert serve.reload(app, lambda: load_config(path)) is False
+    (line,) = [e for e in logs if e["event"] == "config_reload_rejected"]
+    assert message in line["error"]
+    assert app[RUNTIME].current is before
