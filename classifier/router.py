@@ -667,29 +667,68 @@ class ProfiledPolicy:
             "traffic": {w.value: n for w, n in self._traffic.items()},
         }
 
-    def load_state(self, raw: Mapping[str, Any]) -> None:
-        """What an earlier process learned; a state of another format or k is refused
-        (ValueError), and nothing of it is taken."""
+    def load_state(self, raw: object) -> None:
+        """What an earlier process learned. Anything but a state of this format and k,
+        every figure a finite number >= 0 that the sums read back sanely, is refused
+        (ValueError) whole: nothing of it is taken."""
+        if not isinstance(raw, Mapping):
+            raise ValueError("router state: want a JSON object")
         if raw.get("format") != STATE_FORMAT or raw.get("k") != self._k:
             raise ValueError(f"router state: want format {STATE_FORMAT!r} with k={self._k}")
         beliefs: dict[tuple[Workload, int], AcceptanceBelief] = {}
-        for key, values in dict(raw.get("acceptance", {})).items():
-            name, _, fine = str(key).partition("/")
-            if not (isinstance(values, list) and len(values) == 6):
-                raise ValueError(f"router state: acceptance {key!r}")
-            beliefs[(Workload(name), int(fine))] = AcceptanceBelief(*map(float, values))
+        for key, values in _table(raw, "acceptance").items():
+            name, _, fine = key.partition("/")
+            belief = AcceptanceBelief(*_figures(values, 6, f"acceptance {key!r}"))
+            if not (belief.prior_mean <= 1 and belief.weight > 0):
+                raise ValueError(f"router state: acceptance {key!r}: want a mean in [0, 1]")
+            if not (math.isfinite(belief.mean) and math.isfinite(belief.sd)):
+                raise ValueError(f"router state: acceptance {key!r}: sums out of range")
+            beliefs[(Workload(name), int(fine))] = belief
         failures: dict[tuple[Route, Workload], list[float]] = {}
-        for key, values in dict(raw.get("failures", {})).items():
-            r, _, w = str(key).partition("/")
-            failures[(Route(r), Workload(w))] = [float(values[0]), float(values[1])]
-        outputs = OutputLengthModel.from_json(raw.get("outputs", {}))
-        traffic = {Workload(w): float(n) for w, n in dict(raw.get("traffic", {})).items()}
+        for key, values in _table(raw, "failures").items():
+            r, _, w = key.partition("/")
+            failed, seen = _figures(values, 2, f"failures {key!r}")
+            if failed > seen:
+                raise ValueError(f"router state: failures {key!r}: more failed than seen")
+            failures[(Route(r), Workload(w))] = [failed, seen]
+        outputs = OutputLengthModel.from_json(
+            {k: _figures(v, 2, f"outputs {k!r}") for k, v in _table(raw, "outputs").items()}
+        )
+        traffic = {
+            Workload(w): _figures([n], 1, f"traffic {w!r}")[0]
+            for w, n in _table(raw, "traffic").items()
+        }
         self._beliefs, self._failures, self._outputs = beliefs, failures, outputs
         self._traffic = traffic
         if self._profile is not None:
             for (workload, level), belief in beliefs.items():
                 if level < 0:
                     self._set_prior(belief, workload)
+
+
+def _table(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A state's table (absent: empty)."""
+    table = raw.get(name, {})
+    if not isinstance(table, Mapping):
+        raise ValueError(f"router state: {name}: want a JSON object")
+    return table
+
+
+def _figures(values: object, count: int, what: str) -> list[float]:
+    """`count` finite numbers >= 0, as a state writes them."""
+    if not (
+        isinstance(values, list)
+        and len(values) == count
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    ):
+        raise ValueError(f"router state: {what}: want {count} numbers")
+    try:
+        figures = [float(v) for v in values]
+    except OverflowError:
+        raise ValueError(f"router state: {what}: a number out of range") from None
+    if not all(math.isfinite(v) and v >= 0 for v in figures):
+        raise ValueError(f"router state: {what}: want finite numbers >= 0")
+    return figures
 
 
 STATE_FORMAT = "specroute.router-state/1"

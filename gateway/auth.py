@@ -11,12 +11,12 @@ import hmac
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from aiohttp import web
 
 from gateway.config import AuthConfig, ConfigError
 from gateway.errors import error_response
+from gateway.files import read_file
 
 _OPEN_PATHS = ("/health", "/ready")
 # The side-by-side page's static files (gateway/ui): no data in them, and a browser
@@ -35,12 +35,7 @@ def load_keys(config: AuthConfig) -> Keys:
     if config.api_keys_env:
         keys += os.environ.get(config.api_keys_env, "").split(",")
     if config.api_keys_file:
-        try:
-            keys += Path(config.api_keys_file).read_text().splitlines()
-        except OSError as exc:
-            raise ConfigError(
-                f"config: auth.api_keys_file: cannot read {config.api_keys_file}: {exc.strerror}"
-            ) from None
+        keys += read_file("auth.api_keys_file", config.api_keys_file, _lines)
     cleaned = tuple(k.strip().encode() for k in keys if k.strip())
     if (config.api_keys_env or config.api_keys_file) and not cleaned:
         raise ConfigError("config: auth names a key source but it holds no key")
@@ -48,6 +43,10 @@ def load_keys(config: AuthConfig) -> Keys:
     if config.metrics_token_env and not token:
         raise ConfigError(f"config: auth.metrics_token_env: ${config.metrics_token_env} is empty")
     return Keys(cleaned, token.encode() or None)
+
+
+def _lines(data: bytes) -> list[str]:
+    return data.decode().splitlines()
 
 
 def matches(given: bytes, keys: tuple[bytes, ...]) -> bool:

@@ -2,11 +2,12 @@
 
 At start: the profile file is reloaded when it names exactly the servers that
 answer now (model, vLLM version, speculative config, URL); otherwise, or when
-it is missing or corrupt (one log line), the servers are profiled as soon as
-both answer and the gateway has nothing in flight. Serving never waits for it:
-decisions made before it is in say "unprofiled". A failed run is retried in
-idle time, and so is a profile that live traffic contradicts. What the policy
-learned is written to routing.state_path every minute and at shutdown.
+it is missing or unusable (one log line, gateway/files.py), the servers are
+profiled as soon as both answer and the gateway has nothing in flight. Serving
+never waits for it: decisions made before it is in say "unprofiled". A failed
+run is retried in idle time, and so is a profile that live traffic contradicts.
+What the policy learned is read from routing.state_path at start (the same way:
+used whole, or one line) and written there every minute and at shutdown.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from classifier.policy import Route
 from classifier.profile import EngineProfile, ProfileError, ServerIdentity
 from classifier.router import ProfiledPolicy
 from gateway.config import Config
+from gateway.files import read_optional
 from gateway.profiler import ProbeFailed, ProfileTarget, identify, measure_profile
 from gateway.state import BACKENDS, CONFIG, METRICS, RUNTIME, SESSION, TOKENS
 
@@ -57,16 +59,8 @@ def targets(config: Config) -> list[ProfileTarget]:
 
 
 def load_profile(path: str) -> EngineProfile | None:
-    """The stored profile, or None (absent; corrupt or of another format: logged)."""
-    if not path:
-        return None
-    try:
-        return EngineProfile.loads(Path(path).read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ProfileError) as exc:
-        log.warning("profile_unusable", path=path, error=str(exc))
-        return None
+    """The stored profile, or None (absent; unusable: one line, gateway/files.py)."""
+    return read_optional("routing.profile_path", path, EngineProfile.loads)
 
 
 def save_json(path: str, text: str) -> None:
@@ -120,13 +114,12 @@ async def profile_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def _load_state(policy: ProfiledPolicy, path: str) -> None:
-    try:
-        policy.load_state(json.loads(Path(path).read_text()))
+    def take(data: bytes) -> ProfiledPolicy:
+        policy.load_state(json.loads(data))  # all or nothing
+        return policy
+
+    if read_optional("routing.state_path", path, take) is not None:
         log.info("router_state_loaded", path=path)
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("router_state_unusable", path=path, error=str(exc))
 
 
 def _save_state(policy: ProfiledPolicy, path: str) -> None:

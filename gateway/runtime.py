@@ -12,14 +12,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from classifier.acceptance_model import AcceptanceModel, ModelFileError, load_acceptance_model
+from classifier.acceptance_model import AcceptanceModel, load_acceptance_model
 from classifier.policy import Policy, Route, RulesPolicy, StaticPolicy
 from classifier.router import ProfiledPolicy
 from gateway.auth import Keys, load_keys
 from gateway.config import Config, ConfigError
+from gateway.files import read_file
 
 # The keys a reload applies, by who applies them; a table name covers its keys.
 # A key not listed here is refused: a new key needs a restart until it is added.
@@ -104,17 +104,9 @@ def build_policy(config: Config) -> Policy:
 
 
 def load_model(path: str) -> AcceptanceModel | None:
-    """The offline acceptance model, if configured; a bad file is a config error."""
-    if not path:
-        return None
-    try:
-        return load_acceptance_model(Path(path).read_bytes())
-    except OSError as exc:
-        raise ConfigError(
-            f"config: routing.model_path: cannot read {path}: {exc.strerror}"
-        ) from None
-    except ModelFileError as exc:
-        raise ConfigError(f"config: routing.model_path: {path}: {exc}") from None
+    """The offline acceptance model, if configured; a bad file is a config error (the
+    operator named it: it is never silently dropped)."""
+    return read_file("routing.model_path", path, load_acceptance_model) if path else None
 
 
 def restart_only_changes(old: Config, new: Config) -> list[str]:
