@@ -1,13 +1,15 @@
 """The profiled policy's life in `serve`: its profile and its learned state.
 
 At start: the profile file is reloaded when it names exactly the servers that
-answer now (model, vLLM version, speculative config, URL); otherwise, or when
-it is missing or unusable (one log line, gateway/files.py), the servers are
-profiled as soon as both answer and the gateway has nothing in flight. Serving
-never waits for it: decisions made before it is in say "unprofiled". A failed
-run is retried in idle time, and so is a profile that live traffic contradicts.
-What the policy learned is read from routing.state_path at start (the same way:
-used whole, or one line) and written there every minute and at shutdown.
+answer now (model, vLLM version, speculative config, URL), whatever
+routing.profile says; otherwise, or when it is missing or unusable (one log
+line, gateway/files.py), routing.profile = "at-start" profiles the servers as
+soon as both answer and the gateway has nothing in flight ("off" never
+measures). Serving never waits for it: decisions made before it is in say
+"unprofiled". A failed run is retried in idle time, and so is a profile that
+live traffic contradicts. What the policy learned is read from
+routing.state_path at start (the same way: used whole, or one line) and written
+there every minute and at shutdown.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ async def profile_ctx(app: web.Application) -> AsyncIterator[None]:
     if routing.state_path:
         _load_state(policy, routing.state_path)
     task = None
-    if routing.profile == "at-start":
+    if routing.profile == "at-start" or routing.profile_path:
         task = asyncio.create_task(_profile_loop(app), name="specroute-profiler")
     saver = asyncio.create_task(_save_state_loop(app), name="specroute-state-saver")
     yield
@@ -138,25 +140,35 @@ async def _save_state_loop(app: web.Application) -> None:
 
 
 async def _profile_loop(app: web.Application) -> None:
-    """Reload or measure the profile, then watch for a contradicted one."""
-    config, session = app[CONFIG], app[SESSION]
-    path = config.routing.profile_path
-    stored = load_profile(path)
-    while True:
-        identities = await current_identities(session, config)
-        if identities is None:
-            await asyncio.sleep(1.0)
-            continue
-        if stored is not None and stored.describes(identities):
-            _apply(app, stored, "loaded")
-            break
+    """Reload the stored profile when it names the servers that answer; under "at-start",
+    measure one otherwise, then watch for a contradicted one. "off" measures nothing."""
+    config = app[CONFIG]
+    measure = config.routing.profile == "at-start"
+    stored = load_profile(config.routing.profile_path)
+    if stored is None and not measure:
+        return
+    identities = await current_identities(app[SESSION], config)
+    while identities is None:  # the servers are not up yet
+        await asyncio.sleep(1.0)
+        identities = await current_identities(app[SESSION], config)
+    if stored is not None and stored.describes(identities):
+        _apply(app, stored, "loaded")
+    else:
         if stored is not None:
-            log.info("profile_stale", path=path, reason="the servers' identity changed")
-            stored = None
-        if await _measure(app):
-            break
-        await asyncio.sleep(_RETRY_S)
-    while True:
+            # under "off" the gateway stays unprofiled from here: worth a warning
+            (log.info if measure else log.warning)(
+                "profile_stale",
+                path=config.routing.profile_path,
+                reason="the servers' identity changed",
+                measure=measure,
+            )
+        if not measure:
+            return
+        while True:
+            if await _measure(app):
+                break
+            await asyncio.sleep(_RETRY_S)  # a failed run: again in a while
+    while measure:
         await asyncio.sleep(_RETRY_S)
         policy = _policy(app)
         if policy is not None and policy.profile_contradicted():

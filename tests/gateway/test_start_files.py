@@ -1,15 +1,17 @@
 """The files the gateway reads at start (routing.state_path, routing.profile_path): whatever
 they hold, the gateway starts; a file it cannot use costs one log line, and one it can is
-used."""
+used, whatever routing.profile says about measuring."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, event, given, settings
@@ -17,12 +19,15 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from classifier.acceptance_model import FEATURE_NAMES, SCHEMA
-from classifier.router import STATE_FORMAT
+from classifier.profile import EngineProfile
+from classifier.router import STATE_FORMAT, prior_profile
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import Config, ConfigError
-from tests.gateway.conftest import GatewayFactory, make_config
+from gateway.profiling import current_identities
+from tests.gateway.conftest import ClientFactory, GatewayFactory, make_config
 from tests.gateway.test_routing import chat
+from tests.support import wait_until
 
 PROFILED = {"policy": "profiled", "profile": "off"}
 # A state as ProfiledPolicy.state_to_json writes it (k=4, the config's default).
@@ -91,6 +96,44 @@ async def test_a_missing_state_file_is_no_news(gateway_for: GatewayFactory, tmp_
     with capture_logs() as logs:
         await _answers(await gateway_for(routing={**PROFILED, "state_path": str(tmp_path / "no")}))
     assert not [e for e in logs if "state" in e["event"] or "start_file" in e["event"]]
+
+
+async def _profile_naming(config: Config) -> EngineProfile:
+    """The built-in prior's curves, as if measured on exactly these servers."""
+    async with aiohttp.ClientSession() as session:
+        identities = await current_identities(session, config)
+    assert identities is not None
+    prior = prior_profile(4, 0.1)
+    return dataclasses.replace(
+        prior,
+        routes=tuple(dataclasses.replace(r, identity=identities[r.name]) for r in prior.routes),
+        created="2026-01-01T00:00:00+00:00",
+        took_s=1.0,
+        source="measured",
+    )
+
+
+async def test_profile_off_still_loads_the_stored_profile(
+    aiohttp_client: ClientFactory, config: Config, tokens: TokenCounter, tmp_path: Path
+) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text((await _profile_naming(config)).dumps())
+    with capture_logs() as logs:
+        app = create_app(_with_routing(config, profile_path=str(path)), tokens=tokens)
+        gateway = await aiohttp_client(app)
+        stats = await wait_until(
+            lambda: _stats_profile(gateway), "the stored profile in use", timeout_s=5.0
+        )
+        decided = await gateway.post("/decide/v1/chat/completions", json=chat("hi"))
+    assert stats["profile"] == json.loads(path.read_text())
+    assert (await decided.json())["reason"] != "unprofiled"
+    assert [e["how"] for e in logs if e["event"] == "profile_in_use"] == ["loaded"]
+    assert not [e for e in logs if e["event"] == "profile_started"]  # "off": never measured
+
+
+async def _stats_profile(gateway: TestClient[Any, Any]) -> dict[str, Any] | None:
+    found: dict[str, Any] = (await (await gateway.get("/stats")).json())["profile"]
+    return found if found["in_use"] else None
 
 
 # ---- any content -----------------------------------------------------------------------
@@ -166,6 +209,27 @@ async def test_any_state_file_the_gateway_starts_and_decides(
     fates = [
         e["event"] for e in logs if e["event"] in ("router_state_loaded", "start_file_unusable")
     ]
+    assert len(fates) == 1, logs
+    event(fates[0])
+
+
+@PROPERTY
+@given(data=st.data())
+async def test_any_profile_file_the_gateway_starts_and_decides(
+    config: Config, tokens: TokenCounter, tmp_path: Path, data: st.DataObject
+) -> None:
+    valid = (await _profile_naming(config)).to_json()
+    path = tmp_path / "profile.json"
+    path.write_bytes(data.draw(contents(valid)))
+    config = _with_routing(config, profile_path=str(path))
+    ended = ("profile_in_use", "profile_stale", "start_file_unusable")
+    with capture_logs() as logs:
+        async with TestClient(TestServer(create_app(config, tokens=tokens))) as gateway:
+            await wait_until(
+                lambda: [e for e in logs if e["event"] in ended], "the profile's fate", timeout_s=5
+            )
+            await _answers(gateway)
+    fates = [e["event"] for e in logs if e["event"] in ended]
     assert len(fates) == 1, logs
     event(fates[0])
 
