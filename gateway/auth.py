@@ -3,6 +3,10 @@
 Keys come from the environment or a file, never from config.toml (which lives
 in git). The client's Authorization header is never forwarded: the backends
 get their own keys (backends.<route>.api_key_env).
+
+The keys apply to every path but /health, /ready and the page's static files.
+/metrics takes them too, unless a metrics token is set: then that token, and
+only it, opens /metrics (a scraper's credential opens nothing else).
 """
 
 from __future__ import annotations
@@ -73,10 +77,8 @@ def auth_middleware(
         keys = current_keys(request)
         if request.path in _OPEN_PATHS or _is_page(request.path):
             return await handler(request)
-        if request.path == "/metrics":
-            if keys.metrics_token is not None and not matches(
-                bearer(request), (keys.metrics_token,)
-            ):
+        if request.path == "/metrics" and keys.metrics_token is not None:
+            if not matches(bearer(request), (keys.metrics_token,)):
                 return _unauthorized("a valid metrics token is required")
             return await handler(request)
         if keys.api_keys and not matches(bearer(request), keys.api_keys):

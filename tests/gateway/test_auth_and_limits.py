@@ -13,7 +13,7 @@ from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.auth import load_keys, matches
 from gateway.config import AuthConfig, ConfigError, parse_config
-from tests.gateway.conftest import ClientFactory, make_config
+from tests.gateway.conftest import ClientFactory, GatewayFactory, make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_routing import chat
 
@@ -124,3 +124,19 @@ async def test_slow_body_gets_408(
     assert head.startswith(b"HTTP/1.1 408")
     writer.close()
     await writer.wait_closed()
+
+
+async def test_without_a_metrics_token_metrics_takes_the_api_keys(
+    gateway_for: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keys apply to every path (README): /metrics answered anyone until a metrics
+    token was set. A token, once set, replaces the keys there (the test above)."""
+    monkeypatch.setenv("TEST_GW_KEYS", "key-one")
+    gateway = await gateway_for(auth={"api_keys_env": "TEST_GW_KEYS"})
+    refused = await gateway.get("/metrics")
+    assert refused.status == 401
+    assert (await refused.json())["error"]["code"] == "invalid_api_key"
+    assert (await gateway.get("/metrics", headers={"Authorization": "Bearer nope"})).status == 401
+    ok = await gateway.get("/metrics", headers={"Authorization": "Bearer key-one"})
+    assert ok.status == 200 and "specroute_requests_total" in await ok.text()
+    assert (await gateway.get("/health")).status == 200  # still open: probes carry no key
