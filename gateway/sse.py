@@ -63,6 +63,7 @@ class EventCutter:
     def _lf(self, data: bytes) -> bytes:
         if self._cr and data[:1] == _LF:
             data = data[1:]  # the LF of a CRLF cut in two: its CR became an LF already
+            self._cr = False  # that CR is spent: a next read's LF is a line end of its own
         if data:
             self._cr = data[-1:] == b"\r"
         return data.replace(b"\r\n", _LF).replace(b"\r", _LF)

@@ -30,6 +30,17 @@ def test_any_framing_split_anywhere_gives_the_same_events(framing: bytes, size: 
     assert all(run.endswith(b"\n\n") for run in got)
 
 
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_mixed_line_ends_split_anywhere_give_the_same_events(size: int) -> None:
+    """SSE lets each line end be LF, CRLF or CR. A CRLF's LF read alone spends its CR:
+    an LF in the next read is a line end of its own (here, the blank line)."""
+    sent = b"data: a\r\n\ndata: b\n\r\ndata: [DONE]\r\r"
+    pieces = [sent[i : i + size] for i in range(0, len(sent), size)]
+    got = cut(pieces)
+    assert b"".join(got) == b"data: a\n\ndata: b\n\ndata: [DONE]\n\n"
+    assert all(run.endswith(b"\n\n") for run in got)
+
+
 def test_a_whole_chunk_of_whole_events_is_passed_on_without_a_copy() -> None:
     events = EventCutter(1 << 20)
     assert events.feed(STREAM) is STREAM  # vLLM's usual read: the hot path copies nothing
