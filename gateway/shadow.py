@@ -161,7 +161,11 @@ class ShadowRunner:
             # It shared its GPU: no comparable pair, and no idle time to copy it in.
             self._count(primary, SKIPPED)
             return
-        body = shadow_body(record.body, primary.completion_tokens)
+        try:
+            body = shadow_body(record.body, primary.completion_tokens)
+        except (ValueError, RecursionError):  # in the handler's finally: never a traceback
+            self._count(primary, SKIPPED)
+            return
         if len(self._queue) >= _PENDING_MAX:
             self._count(self._queue.popleft().primary, SKIPPED)
         self._queue.append(_Queued(primary, primary.route.other, body, time.monotonic()))

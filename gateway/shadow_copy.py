@@ -70,7 +70,11 @@ def primary_of(record: RequestRecord) -> Primary | None:
 
 def shadow_body(body: dict[str, Any], tokens: int) -> bytes:
     """The user's body with its answer length forced to `tokens`: same messages,
-    sampling and seed; a stream asks for its usage (the shadow's token count)."""
+    sampling and seed; a stream asks for its usage (the shadow's token count).
+
+    ValueError or RecursionError where the parser took what json cannot write back
+    (1e309 would go out as Infinity, which is no JSON; a nesting json.dumps cannot
+    recurse into): no copy of that request (validation.with_member says more)."""
     copy = dict(body)
     copy.pop("max_completion_tokens", None)  # vLLM prefers it to max_tokens
     copy["max_tokens"] = tokens
@@ -81,7 +85,7 @@ def shadow_body(body: dict[str, Any], tokens: int) -> bytes:
         options = dict(options) if isinstance(options, dict) else {}
         options.update(include_usage=True, continuous_usage_stats=False)
         copy["stream_options"] = options
-    return json.dumps(copy, separators=(",", ":")).encode()
+    return json.dumps(copy, separators=(",", ":"), allow_nan=False).encode()
 
 
 def path_of(features: RequestFeatures) -> str:
