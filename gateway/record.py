@@ -27,7 +27,7 @@ CLIENT_DISCONNECT = "client_disconnect"
 STREAM_RESET = "stream_reset"
 UPSTREAM_ERROR_EVENT = "upstream_error_event"  # a stream the backend ended with an error event
 # How a backend fails an answer whose status was sent (specroute_upstream_errors_total's
-# kinds: gateway/proxy.py's upstream_failure names all but the error event): each
+# kinds: gateway/failures.py's upstream_failure names all but the error event): each
 # counts against the backend, and a stream that ends with one is a stream_error.
 ANSWER_FAILURES = (
     "upstream_broken",  # the connection or the body cut short
