@@ -18,13 +18,13 @@ from classifier.tokens import TokenCounter
 from gateway import responses
 from gateway.config import Config
 from gateway.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, dispatch
-from gateway.errors import LOGGED, APIError, draining, error_response
+from gateway.errors import LOGGED, APIError, draining, error_response, request_id
 from gateway.learning import learn, predicted_header
 from gateway.live import whole_servers
 from gateway.outcome import count_request, log_request
 from gateway.outcome_log import outcome_line
 from gateway.proxy import read_chat_events
-from gateway.record import CLIENT_DISCONNECT, RequestLife, RequestRecord, request_id_of
+from gateway.record import CLIENT_DISCONNECT, RequestLife, RequestRecord
 from gateway.runtime import Snapshot
 from gateway.state import (
     BACKENDS,
@@ -61,7 +61,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     app = request.app
     snapshot = app[RUNTIME].current  # one config for the whole request, whatever reloads
     config = snapshot.config
-    life = RequestLife.start(request_id_of(request.headers), endpoint)
+    life = RequestLife.start(request_id(request), endpoint)
     request[LOGGED] = True  # the line below is this request's log line
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=life.request_id, endpoint=endpoint.value)
