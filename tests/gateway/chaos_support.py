@@ -687,11 +687,17 @@ def _worst(probes: list[Sent], unloaded_s: float, watch: Watch) -> Wait | None:
 
 def _wait_counts(s: Sent, timeline: Timeline, watch: Watch) -> bool:
     """A probe that answered, sent while the server that did not answer it had room (it
-    could have started at once there), and not stalled on purpose."""
+    could have started at once there) and the gateway held that server healthy, and not
+    stalled on purpose. An `unhealthy-fallback` probe went where it went because the
+    gateway held the other server down: a restarted server answers /health before the
+    gateway's next probe readmits it, and a probe sent then met the one server carrying
+    everything (on the emulator's measured H200, 40 running and a prefill wave: 6-7x a
+    50 ms first token, whichever router)."""
     return (
         s.kind == "probe"
         and s.ok
         and s.route is not None
+        and s.reason != "unhealthy-fallback"
         and watch.room_at(s.route.other, s.started)
         and not timeline.hit("stall", s.route, s.started, s.ended)
     )
