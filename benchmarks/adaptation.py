@@ -557,7 +557,8 @@ def print_details(outcomes: Sequence[Outcome]) -> None:
         tps = spec.tokens_per_step if spec is not None else {}
         cells = " ".join(f"{w.value} {t:.2f}" for w, (t, _) in sorted(tps.items()))
         print(
-            f"  {o.scenario.name:<15}{p.took_s:.1f} s, overlap {p.overlap:.2f}; "
+            f"  {o.scenario.name:<15}{p.took_s:.1f} s, "
+            f"beside x{max(r.beside for r in p.routes):.2f}; "
             f"tokens per speculative step: {cells}"
         )
     print("\nacceptance a after the c=1 run: learned / true (the emulator's level), per workload")

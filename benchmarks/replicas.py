@@ -263,7 +263,9 @@ async def run_seed(
         await wait_for_profile(aiohttp.ClientSession, first, sys.stderr)
         policy = first_app[RUNTIME].current.policy
         profile = policy.profile if isinstance(policy, ProfiledPolicy) else None
-        overlaps.append((gpus, seed, profile.overlap if profile else float("nan")))
+        overlaps.append(
+            (gpus, seed, max(r.beside for r in profile.routes) if profile else float("nan"))
+        )
         second = await serve(create_app(config(), tokens=tokens))
         await wait_for_profile(aiohttp.ClientSession, second, sys.stderr)  # the file's
         replicas = {"1 serve": [first], "2 serve": [first, second]}
@@ -339,8 +341,9 @@ async def main(
             f"| {statistics.fmean(cell.cpu):.2f} |"
         )
     print(
-        "\nthe profile's overlap per seed (all replicas and the picker load it; above 0.5 "
-        "the router treats the pair as one GPU and consolidates): "
+        "\nthe profile's beside ratio per seed (a step beside a busy neighbour over alone; "
+        "all replicas and the picker load it; above 1.5 the router treats the pair as one "
+        "GPU and consolidates): "
         + ", ".join(f"{g} GPU(s) seed {s} {o:.2f}" for g, s, o in overlaps)
     )
     print("\nroutes/reasons of the measured requests, over the seeds (emulated):")

@@ -65,8 +65,9 @@ async def _measure(config: Config) -> EngineProfile:
 def describe(p: EngineProfile) -> str:
     """A few lines a person reads: what was measured, on what."""
     lines = [
-        f"engine profile ({p.source}), {p.created}, took {p.took_s:.1f} s, overlap "
-        f"{p.overlap:.2f} ({'one GPU' if p.shared_gpu else 'a GPU each'})"
+        f"engine profile ({p.source}), {p.created}, took {p.took_s:.1f} s, a busy neighbour "
+        f"slows a step x{max(r.beside for r in p.routes):.2f} "
+        f"({'one GPU' if p.shared_gpu else 'a GPU each'})"
     ]
     for r in p.routes:
         i = r.identity
@@ -79,6 +80,7 @@ def describe(p: EngineProfile) -> str:
         lines.append(f"  {r.name}: {i.model} vLLM {i.version} at {i.url} ({i.speculative})")
         lines.append(f"    step: {steps}")
         lines.append(f"    first token: {ttft}")
+        lines.append(f"    beside a busy neighbour: x{r.beside:.2f} its step alone")
         if r.tokens_per_step:
             tps = ", ".join(f"{w.value} {v[0]:.2f}" for w, v in sorted(r.tokens_per_step.items()))
             lines.append(f"    tokens per step: {tps}")

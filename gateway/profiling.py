@@ -229,6 +229,6 @@ def _apply(app: web.Application, profile: EngineProfile, how: str) -> None:
         how=how,
         source=profile.source,
         took_s=round(profile.took_s, 2),
-        overlap=round(profile.overlap, 3),
+        beside={r.name: round(r.beside, 3) for r in profile.routes},
         missing=list(profile.missing),
     )

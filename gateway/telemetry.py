@@ -133,13 +133,13 @@ class Metrics:
             ["route", "prompt_tokens"],
             registry=r,
         )
-        self.profile_overlap = Gauge(
-            "specroute_profile_overlap",
-            "Share of the other server's step one server's step waits for while both run "
-            "(0: a GPU each, about 1: one GPU); NaN until a profile is in",
+        self.profile_beside = Gauge(
+            "specroute_profile_beside_ratio",
+            "The engine profile's step of a route while another server of its GPU is busy "
+            "over its step alone, by route (about 1: a GPU each; about 2: one time-sliced GPU)",
+            ["route"],
             registry=r,
         )
-        self.profile_overlap.set(float("nan"))
         self.estimated_acceptance = Gauge(
             "specroute_estimated_acceptance",
             "The cost model's per-position draft acceptance estimate a, by workload.",
@@ -254,8 +254,8 @@ class Metrics:
 
     def show_profile(self, profile: EngineProfile) -> None:
         """Export a profile that came into use (the step and first-token curves)."""
-        self.profile_overlap.set(profile.overlap)
         for route in profile.routes:
+            self.profile_beside.labels(route.name).set(route.beside)
             for x, y in zip(route.step.xs, route.step.ys, strict=True):
                 self.profile_step.labels(route.name, f"{x:g}").set(y)
             for x, y in zip(route.ttft.xs, route.ttft.ys, strict=True):

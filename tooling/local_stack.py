@@ -90,7 +90,7 @@ def gateway_config(
     **overrides: Any,
 ) -> Config:
     """A gateway config for the emulated pair: k and c as the speculative emulator runs them.
-    Whether the two share a GPU is not told: the gateway's profile measures it (overlap).
+    Whether the two share a GPU is not told: the gateway's profile measures it (beside).
     Several URLs per route are pairs by index (speculative i with baseline i)."""
     spec_urls = [spec_url] if isinstance(spec_url, str) else list(spec_url)
     base_urls = [base_url] if isinstance(base_url, str) else list(base_url)

@@ -1,5 +1,5 @@
 """The replicas benchmark runs to the end on one shared GPU and prints its table: every
-setup at both levels, the profile's overlap per seed, the routes' reasons. No figure is
+setup at both levels, the profile's beside ratio per seed, the routes' reasons. No figure is
 asserted: a few requests on a shared CI machine say nothing about splits or speed
 (docs/scaling.md has the full runs)."""
 
@@ -20,5 +20,5 @@ def test_replicas_benchmark_smoke() -> None:
     assert "EMULATED" in out and "NOT GPU measurements" in out and "loopback only" in out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| one shared GPU")]
     assert [(row[1], row[2]) for row in rows] == [(s, c) for c in ("8", "32") for s in SETUPS]
-    assert "the profile's overlap per seed" in out and "1 GPU(s) seed 1" in out
+    assert "the profile's beside ratio per seed" in out and "1 GPU(s) seed 1" in out
     assert "routes/reasons of the measured requests" in out

@@ -8,7 +8,10 @@ compute; a speculative step also runs the draft k times (each c x a target
 step), verifies k + 1 tokens per sequence and pays a rejection-sampler
 overhead; draft tokens are accepted position by position with the workload's
 probability a (plus per-request jitter) until the first rejection. Latencies
-carry lognormal noise. The policy under test sees these costs only as a
+carry lognormal noise. While a request decodes, the others in flight on its route
+are each replaced about once (a closed loop), and each arrival's prefill lengthens
+its steps, as a real engine's chunked prefill does (`arrival_prompt_tokens`: the
+mix's mean prompt). The policy under test sees these costs only as a
 profiler would measure them (`engine_profile`: step per batch, first token per
 prompt, overlap 0, noise-free); its probes' acceptance can be set off the
 truth (`probes=`, e.g. WRONG_PROBES), which it must then learn from answers.
@@ -68,6 +71,9 @@ class Engine:
     noise: float = 0.05
     jitter: float = 0.05
     acceptance: dict[Workload, float] = field(default_factory=lambda: dict(TRUE_ACCEPTANCE))
+    # The mix's mean prompt and answer (mixed_requests: about 1,400 and 270 tokens).
+    arrival_prompt_tokens: int = 1400
+    arrival_output_tokens: int = 270
 
     def step_s(self, route: Route, batch: int) -> float:
         target = self.overhead_s + self.weights_s + self.kv_per_seq_s * batch
@@ -84,7 +90,7 @@ class Engine:
 
 def engine_profile(engine: Engine, probes: Mapping[Workload, float] | None = None) -> EngineProfile:
     """What a profiler measures of `engine`, noise aside: steps at batch 1, 2, 4 .. 32,
-    first tokens at prompts of 16, 256 and 1024 tokens, overlap 0 (a GPU each), and
+    first tokens at prompts of 16, 256 and 1024 tokens, a GPU each (beside 1), and
     per workload the probes' tokens per step at `probes` (else the truth's a)."""
     seen = {**engine.acceptance, **(probes or {})}
     batches = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -100,7 +106,7 @@ def engine_profile(engine: Engine, probes: Mapping[Workload, float] | None = Non
             {w: (expected_tokens_per_step(a, k), 48) for w, a in seen.items()} if k else {},
         )
 
-    return EngineProfile((route(SPEC), route(BASE)), 0.0, "", 0.0, "emulated")
+    return EngineProfile((route(SPEC), route(BASE)), "", 0.0, "emulated")
 
 
 def profiled(
@@ -143,7 +149,9 @@ def outcome(engine: Engine, route: Route, f: RequestFeatures, batch: int, seed: 
             accepted += run
             remaining -= run + 1
         acceptance = accepted / (steps * engine.k) if steps else None
-    duration = ttft + steps * engine.step_s(route, batch) * noise[route]
+    arrivals = (batch - 1) * min(1.0, out / engine.arrival_output_tokens)
+    prefill = engine.ttft_s(route, engine.arrival_prompt_tokens) - engine.ttft_s(route, 0)
+    duration = ttft + (steps * engine.step_s(route, batch) + arrivals * prefill) * noise[route]
     return Outcome(ttft, duration, out, acceptance)
 
 

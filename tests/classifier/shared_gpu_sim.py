@@ -2,27 +2,25 @@
 
 (simulate(gpus=2) gives each engine its own GPU, to compare.)
 
-The emulator's FIRST timing (tooling/emulator/costs.py with --gpu-profile roofline, not
-the measured H200 the emulator now defaults to, and turns taken, not its time-sliced
-SharedGpu: the router's model of a shared GPU is still that one, and the issue that
-moves the router to the measured GPU moves this simulation with it; the same step costs, the same
-chunked-prefill budget, the same position-by-position draft acceptance) without
-its wall clock, so a router can be run over thousands of requests at any
-concurrency in seconds. As with the emulator's SharedGpu, the two engines take
-turns on the GPU: while both have work, every step of one waits for a step of
-the other. That is the deployment (deploy/gpu/launch.sh) and the reason a
-router cannot simply send each request to the route that would be faster on
-an otherwise idle GPU: two half-full batches cost two weight reads per round
-where one full batch costs one.
+The emulator's timing (tooling/emulator/costs.py: the measured H200's step costs,
+the same chunked-prefill budget, the same position-by-position draft acceptance)
+without its wall clock, so a router can be run over thousands of requests at any
+concurrency in seconds. As with the emulator's SharedGpu, the two engines share
+the GPU time-sliced: while both have a step in progress each advances at half its
+own speed (an H200 measured 1.86-2.17x each). That is the deployment
+(deploy/gpu/launch.sh) and the reason a router cannot simply send each request to
+the route that would be faster on an otherwise idle GPU: two half-full batches
+each run at half speed where one full batch costs little more than a half one.
 
 The requests are the built-in workloads' own bodies (tooling/workloads.py),
 featurised by the gateway's extractor; each one's true acceptance is the
 emulator's (tooling/emulator/acceptance.py). The router under test is the
 profiled policy on `engine_profile`: what gateway/profiler.py would measure
-of these engines (step per batch, first token per prompt, overlap 1 on one
-GPU and 0 on a GPU each, the probes' tokens per step), from the same costs;
-`probes=` makes the probes see another acceptance than the traffic's truth,
-for a router that must learn it. Run it for a table:
+of these engines (step per batch, first token per prompt, a busy neighbour's
+slowdown 2 on one GPU and 1 on a GPU each, the probes' tokens per step), from
+the same costs; `probes=` makes the probes see another acceptance than the
+traffic's truth, for a router that must learn it. `emulator=` runs another GPU
+(ROOFLINE_SPEC: the emulator's first, unmeasured one). Run it for a table:
 
     .venv/bin/python tests/classifier/shared_gpu_sim.py
 """
@@ -64,14 +62,23 @@ from tooling.emulator.acceptance import (
     request_acceptance,
 )
 from tooling.emulator.config import EmulatorConfig
-from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
+from tooling.emulator.costs import (
+    StepShape,
+    baseline_step_ms,
+    draft_cost_ratio,
+    speculative_step_ms,
+)
 from tooling.workloads import build
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 MIXED = ["structured", "sql", "code", "creative", "rag", "chat"]
 
-# The GPU these simulations (and the router's shared-GPU tests) were built on.
+# The emulator's default: the measured H200, 1B draft, k=4.
+MEASURED_SPEC = EmulatorConfig(mode="speculative")
+# The emulator's first GPU (NOT measured), for comparison.
 ROOFLINE_SPEC = EmulatorConfig(mode="speculative", gpu_profile="roofline")
+# The step probes' context (gateway/profiler.py: a 4-token prompt, 24 tokens out).
+PROFILE_CONTEXT = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +102,7 @@ def jobs(
 ) -> list[Job]:
     """The built-in workloads' requests, interleaved, with the emulator's truths."""
     counter = counter or load_tiktoken_counter()
-    c = emulator or ROOFLINE_SPEC
+    c = emulator or MEASURED_SPEC
     rng = random.Random(seed)
     out: list[Job] = []
     for request in build(list(names), count_per_workload, seed=seed):
@@ -111,9 +118,9 @@ def jobs(
 
 
 # What the profiler measures (gateway/profiler.py): batches 1, 2, 4, ... 32 and
-# prompts of about 16, 256 and 1024 tokens; 48-token acceptance probes.
+# prompts of about 16, 256, 1024 and 4096 tokens; 48-token acceptance probes.
 PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
-PROFILE_PROMPTS = (16, 256, 1024)
+PROFILE_PROMPTS = (16, 256, 1024, 4096)
 
 
 def _step_s(c: EmulatorConfig, route: Route, shape: StepShape) -> float:
@@ -151,10 +158,11 @@ def engine_profile(
     counter: TokenCounter | None = None,
 ) -> EngineProfile:
     """What gateway/profiler.py would measure of these engines, noise aside: the step
-    per batch and first token per prompt from the emulator's costs, the overlap (1:
-    one GPU taking turns; 0: a GPU each), and per workload the probes' tokens per
-    step, from `probes` (per-position a) where given, else the emulator's truth."""
-    c = emulator or ROOFLINE_SPEC
+    per batch and first token per prompt from the emulator's costs, each route's step
+    beside a busy neighbour (2: one time-sliced GPU; 1: a GPU each), and per workload
+    the probes' tokens per step, from `probes` (per-position a) where given, else the
+    emulator's truth."""
+    c = emulator or MEASURED_SPEC
     k = c.num_speculative_tokens
     seen = probe_acceptance(c, counter or load_tiktoken_counter())
     seen.update(probes or {})
@@ -171,14 +179,17 @@ def engine_profile(
             ),
             Curve(
                 tuple(map(float, PROFILE_BATCHES)),
-                tuple(_step_s(c, r, StepShape(b, 0)) for b in PROFILE_BATCHES),
+                tuple(
+                    _step_s(c, r, StepShape(b, 0, context_tokens=PROFILE_CONTEXT))
+                    for b in PROFILE_BATCHES
+                ),
             ),
             tps if spec else {},
+            2.0 if gpus == 1 else 1.0,  # processor sharing: two busy servers, half each
         )
 
     return EngineProfile(
         routes=(route(SPEC), route(BASE)),
-        overlap=1.0 if gpus == 1 else 0.0,
         created=datetime.now(UTC).isoformat(),
         took_s=0.0,
         source="emulated",
@@ -194,11 +205,11 @@ def profiled(
     counter: TokenCounter | None = None,
 ) -> ProfiledPolicy:
     """The gateway's default policy, its start-up profile of these engines in."""
-    c = emulator or ROOFLINE_SPEC
+    c = emulator or MEASURED_SPEC
     return ProfiledPolicy(
         config or RouterConfig(),
         k=c.num_speculative_tokens,
-        draft_cost_ratio=c.draft_cost_ratio,
+        draft_cost_ratio=draft_cost_ratio(c),
         profile=engine_profile(c, gpus=gpus, probes=probes, counter=counter),
     )
 
@@ -249,7 +260,7 @@ def simulate(
 
     gpus=2 gives each engine its own GPU: they step independently.
     """
-    c = emulator or ROOFLINE_SPEC
+    c = emulator or MEASURED_SPEC
     k = c.num_speculative_tokens
     learn: Callable[[Lesson], None] = router.learn
     rng = random.Random(seed)
@@ -270,8 +281,8 @@ def simulate(
         sent += 1
         newest[route] = sent
 
-    def step(route: Route, start: float) -> float:
-        """One engine step of `route` (scheduled as vLLM v1 does) from `start`; returns its end."""
+    def begin(route: Route) -> tuple[float, _Step]:
+        """One engine step of `route` (scheduled as vLLM v1 does): its cost alone, in s."""
         per_decode = k + 1 if route is SPEC else 1
         budget = c.max_num_batched_tokens
         decode = [r for r in running[route] if r.prefilled >= r.job.features.prompt_tokens]
@@ -283,14 +294,21 @@ def simulate(
             if left > 0 and budget > 0:
                 prefill.append((r, min(left, budget)))
                 budget -= prefill[-1][1]
-        shape = StepShape(len(decode), sum(chunk for _, chunk in prefill))
+        context = (
+            statistics.fmean(r.job.features.prompt_tokens + r.generated for r in decode)
+            if decode
+            else PROFILE_CONTEXT
+        )
+        shape = StepShape(len(decode), sum(chunk for _, chunk in prefill), context_tokens=context)
         cost_ms = (speculative_step_ms if route is SPEC else baseline_step_ms)(c, shape)
-        end = start + cost_ms * c.time_scale / 1000.0
-        for r, chunk in prefill:
+        return cost_ms * c.time_scale / 1000.0, _Step(decode, prefill)
+
+    def complete(route: Route, done: _Step, end: float) -> None:
+        for r, chunk in done.prefill:
             r.prefilled += chunk
             if r.prefilled >= r.job.features.prompt_tokens:
                 r.generated, r.first_at = 1, end
-        for r in decode:
+        for r in done.decode:
             n = 1
             if route is SPEC:
                 accepted = draw_accepted(r.job.acceptance, k, r.rng)
@@ -298,7 +316,6 @@ def simulate(
                 r.accepted += accepted
                 n += accepted
             r.generated += n
-        return end
 
     for _ in range(min(concurrency, len(requests))):
         send(0.0)
@@ -312,24 +329,31 @@ def simulate(
             if sent < len(requests):
                 send(now)
 
-    if gpus == 1:
-        turn = SPEC
-        while running[SPEC] or running[BASE]:
-            route = turn if running[turn] else turn.other  # the engines alternate on the one GPU
-            now = step(route, now)
-            turn = route.other
-            finish(route, now)
-        return served
-    ends: dict[Route, float] = {}  # the step each busy engine is in ends then
+    # Each busy engine's step: the work it has left (seconds alone) and what it does.
+    # One GPU is processor-shared: while n engines are busy each advances at 1/n.
+    work: dict[Route, float] = {}
+    steps: dict[Route, _Step] = {}
     while True:
         for route in (SPEC, BASE):
-            if route not in ends and running[route]:
-                ends[route] = step(route, now)
-        if not ends:
+            if route not in work and running[route]:
+                work[route], steps[route] = begin(route)
+        if not work:
             return served
-        route = min(ends, key=ends.__getitem__)
-        now = ends.pop(route)
+        share = len(work) if gpus == 1 else 1
+        route = min(work, key=work.__getitem__)
+        elapsed = work[route]
+        now += elapsed * share
+        for other in work:
+            work[other] -= elapsed
+        del work[route]
+        complete(route, steps.pop(route), now)
         finish(route, now)
+
+
+@dataclass(slots=True)
+class _Step:
+    decode: list[_Running]
+    prefill: list[tuple[_Running, int]]
 
 
 def _backend(running: Sequence[_Running], newest: int) -> BackendState:
@@ -388,7 +412,7 @@ def report(per_workload: int = 150, gpus: int = 1) -> None:
     print(f"\n{len(requests)} requests a level, of {', '.join(MIXED)}; {where} (virtual time)")
     print(
         "mean e2e / the per-request oracle's; 'unaware' is the same policy on a profile "
-        "that says a GPU each (overlap 0), so it routes each request alone"
+        "that says a GPU each (beside 1), so it routes each request alone"
     )
     print(
         "conc    profiled  unaware  all-spec  all-base  | MAPE spec  base "

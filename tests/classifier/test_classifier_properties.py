@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -130,7 +131,7 @@ def test_decide_never_raises(
     body=chat_body,
     spec=backend,
     base=backend,
-    overlap=st.sampled_from([0.0, 1.0]),
+    beside=st.sampled_from([1.0, 2.0]),
     seed=st.none() | st.integers(0, 2**32),
 )
 def test_the_profiled_decision_never_raises_and_reads_only(
@@ -138,14 +139,14 @@ def test_the_profiled_decision_never_raises_and_reads_only(
     body: dict[str, Any],
     spec: BackendState,
     base: BackendState,
-    overlap: float,
+    beside: float,
     seed: int | None,
 ) -> None:
     """On a profile (one GPU or a GPU each) with or without the gateway's rng: a known
     reason, finite predictions, and the same answer again (decide() writes nothing)."""
     profile = prior_profile(4, 0.1)
     policy = ProfiledPolicy(RouterConfig(), k=4, draft_cost_ratio=0.1)
-    policy.use_profile(type(profile)(profile.routes, overlap, "", 0.0, "emulated"))
+    policy.use_profile(replace(profile.with_beside(beside), source="emulated"))
     f = extract_features(body, Endpoint.CHAT, counter)
     state = LiveState(spec, base)
     rng = None if seed is None else random.Random(seed)

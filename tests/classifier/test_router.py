@@ -34,9 +34,10 @@ def feats(workload: Workload, temperature: float = 0.0, out: int = 128) -> Reque
     )
 
 
-def profile(overlap: float = 1.0, probes: dict[Workload, float] | None = None) -> EngineProfile:
+def profile(beside: float = 2.0, probes: dict[Workload, float] | None = None) -> EngineProfile:
     """The emulator's default GPU at time scale 1 (tooling/emulator/costs.py): a 8.3 ms
-    plain step at batch 1, 16.9 ms speculative; what the profiler measured of it."""
+    plain step at batch 1, 16.9 ms speculative; what the profiler measured of it. beside:
+    a route's step beside a busy neighbour over alone (2: one time-sliced GPU)."""
     batches = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
     base_step = (0.0083, 0.0089, 0.0098, 0.0118, 0.0161, 0.0248)
     spec_step = (0.0169, 0.0182, 0.0200, 0.0252, 0.0406, 0.0698)
@@ -50,15 +51,16 @@ def profile(overlap: float = 1.0, probes: dict[Workload, float] | None = None) -
                 ttft,
                 Curve(batches, spec_step),
                 tps,
+                beside,
             ),
             RouteProfile(
                 "baseline",
                 ServerIdentity("http://b", "m", "0.32.0", "none", 0),
                 ttft,
                 Curve(batches, base_step),
+                beside=beside,
             ),
         ),
-        overlap=overlap,
         created="2026-12-02T00:00:00+00:00",
         took_s=5.0,
         source="emulated",
@@ -113,7 +115,7 @@ def test_a_measured_dip_is_pooled_into_the_closest_curve_that_never_falls() -> N
 
 
 def test_a_profile_survives_its_json_and_a_bad_file_is_an_error_not_a_crash() -> None:
-    p = profile(0.97, {Workload.CODE: 3.2})
+    p = profile(1.97, {Workload.CODE: 3.2})
     again = EngineProfile.loads(p.dumps())
     assert again == p
     assert again.describes(p.identities())
@@ -121,7 +123,8 @@ def test_a_profile_survives_its_json_and_a_bad_file_is_an_error_not_a_crash() ->
         {**p.identities(), "baseline": replace(p.routes[1].identity, version="0.33")}
     )
     for bad in ("{", "[]", json.dumps({**p.to_json(), "format": "other/9"}),
-                json.dumps({**p.to_json(), "overlap": 99}),
+                json.dumps({**p.to_json(), "format": "specroute.engine-profile/1"}),
+                json.dumps({**p.to_json(), "routes": [{**p.routes[0].to_json(), "beside": 99}]}),
                 json.dumps({**p.to_json(), "routes": [{"name": 1}]})):  # fmt: skip
         with pytest.raises(ProfileError):
             EngineProfile.loads(bad)
@@ -190,7 +193,7 @@ def test_exploration_never_costs_a_user_more_than_its_bound() -> None:
 
 
 def test_one_busy_gpu_keeps_its_batch_unless_the_other_carries_the_mix_cheaper() -> None:
-    policy = make(profile(1.0, {Workload.CODE: 3.2, Workload.CREATIVE: 1.2}))
+    policy = make(profile(2.0, {Workload.CODE: 3.2, Workload.CREATIVE: 1.2}))
     code_on_spec = LiveState(BackendState(inflight=3, mix=((Workload.CODE, 3),)), BackendState())
     d = policy.decide(feats(Workload.CREATIVE, 1.2), code_on_spec)
     assert (d.route, d.reason) == (SPEC, "consolidate")  # one creative among code: stay
@@ -200,13 +203,13 @@ def test_one_busy_gpu_keeps_its_batch_unless_the_other_carries_the_mix_cheaper()
     d = policy.decide(feats(Workload.CREATIVE, 1.2), creative_on_spec)
     assert d.route is BASE and d.why is not None and d.why["rule"] == "carrier-cheaper"
     # A GPU each: no carrier, each request on its own predicted cost.
-    apart = make(profile(0.0, {Workload.CODE: 3.2}))
+    apart = make(profile(1.0, {Workload.CODE: 3.2}))
     assert apart.decide(feats(Workload.CODE), creative_on_spec).reason == "spec-predicted-faster"
 
 
 def test_the_routes_are_the_profiles_list_and_its_order_changes_nothing() -> None:
     probes = {Workload.CODE: 3.2, Workload.CREATIVE: 1.2}
-    forward, backward = profile(1.0, probes), profile(1.0, probes)
+    forward, backward = profile(2.0, probes), profile(2.0, probes)
     backward = replace(backward, routes=backward.routes[::-1])
     states = [
         IDLE,
@@ -230,7 +233,7 @@ def test_the_routes_are_the_profiles_list_and_its_order_changes_nothing() -> Non
 
 
 def test_a_route_that_fails_a_kind_is_not_faster_for_it_until_it_recovers() -> None:
-    policy = make(profile(0.0, {Workload.STRUCTURED: 3.0}))
+    policy = make(profile(1.0, {Workload.STRUCTURED: 3.0}))
     f = feats(Workload.STRUCTURED)
     assert policy.decide(f, IDLE).route is SPEC
     for _ in range(6):
@@ -255,7 +258,7 @@ def test_what_was_learned_survives_a_restart() -> None:
 
 
 def test_a_profile_that_live_traffic_contradicts_is_reported() -> None:
-    policy = make(profile(0.0))
+    policy = make(profile(1.0))
     f = feats(Workload.CHAT, 0.7)
     honest = answer(policy, f, BASE, 0.0)
     for _ in range(25):

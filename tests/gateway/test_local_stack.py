@@ -11,7 +11,7 @@ EMULATOR = EmulatorConfig(mode="speculative", model=MODEL)
 
 
 def test_the_gateway_is_not_told_the_topology() -> None:
-    """It measures whether the two servers share a GPU (the profile's overlap):
+    """It measures whether the two servers share a GPU (the profile's beside ratios):
     local_stack passes the routing table through and adds nothing to it."""
     config = gateway_config("http://s", "http://b", EMULATOR, routing={"policy": "rules"})
     assert config.routing.policy == "rules"

@@ -60,7 +60,9 @@ async def test_the_profile_measures_the_emulators_truth(
     tps = spec.tokens_per_step
     assert tps[Workload.CODE][0] > tps[Workload.CREATIVE][0]
     assert p.shared_gpu is shared
-    assert (p.overlap > 0.6) if shared else (p.overlap < 0.1)
+    # A busy neighbour's slowdown, as the emulator's GPU runs it: 2 time-sliced, 1 apart.
+    for route in (spec, base):
+        assert route.beside == pytest.approx(2.0 if shared else 1.0, rel=0.10), route.beside
     assert EngineProfile.loads(p.dumps()).to_json() == p.to_json()
 
 

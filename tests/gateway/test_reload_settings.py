@@ -71,7 +71,7 @@ def other_value(key: str, value: object, tmp_path: Path) -> object:
         members = list(type(value))
         return members[(members.index(value) + 1) % len(members)]
     if isinstance(value, int | float):
-        return value + 1 if isinstance(value, int) else value / 2
+        return value + 1 if isinstance(value, int) else (value / 2 or 0.01)  # 0.0: off
     if value is None:
         return 0.01
     if isinstance(value, tuple):

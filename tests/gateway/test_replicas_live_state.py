@@ -22,7 +22,7 @@ from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_scraper import vllm_metrics
 
 Client = TestClient[web.Request, web.Application]
-# The profiled policy on its prior (overlap 1: one shared GPU), without profiling the fakes.
+# The profiled policy on its prior (beside 2: one shared GPU), without profiling the fakes.
 PROFILED = {"policy": "profiled", "profile": "off"}
 
 

@@ -281,7 +281,7 @@ async def test_with_a_gpu_each_only_a_request_to_the_shadows_server_cancels_it(
     gateway = await gateway_for(shadow=SHARE_ALL, routing={"policy": "profiled"})
     policy = gateway.app[RUNTIME].current.policy
     assert isinstance(policy, ProfiledPolicy)
-    apart = dataclasses.replace(prior_profile(4, 0.1), overlap=0.0, source="test")
+    apart = dataclasses.replace(prior_profile(4, 0.1).with_beside(1.0), source="test")
     policy.use_profile(apart)  # as profiled: a GPU each
     assert policy.shared_gpu() is False
     await (await gateway.post("/v1/chat/completions", json=STRUCTURED)).read()

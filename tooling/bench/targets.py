@@ -187,9 +187,10 @@ async def wait_for_profile(
         return
     spec = next(r for r in profile["routes"] if r["name"] == "speculative")
     tps = ", ".join(f"{w} {v[0]:.2f}" for w, v in spec["tokens_per_step"].items())
+    beside = ", ".join(f"{r['name']} x{r['beside']:.2f}" for r in profile["routes"])
     print(
-        f"profile ({profile['source']}): {profile['took_s']:.1f} s, overlap "
-        f"{profile['overlap']:.2f} (1: one GPU), tokens per speculative step: {tps}",
+        f"profile ({profile['source']}): {profile['took_s']:.1f} s, a busy neighbour slows "
+        f"a step {beside} (2: one time-sliced GPU), tokens per speculative step: {tps}",
         file=out,
         flush=True,
     )

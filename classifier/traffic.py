@@ -1,0 +1,131 @@
+"""What the traffic looks like: its workloads, their prompts and answers, its load.
+
+The router prices a batch before it forms: which workloads will fill it, how long
+their prompts are (each arrival's prefill lengthens the steps of everyone in the
+batch) and their answers (how many arrive per life), and how many requests the GPU
+usually holds. All of it is learned from finished answers, decayed over the last
+`memory` answers, so a change of traffic shows within a few batches' lives.
+
+The kinds coming next: the traffic's shares as a prior worth the batch about to
+form, updated by the kinds in flight (a Dirichlet posterior mean). Under steady
+mixed traffic the shares dominate and a sample of a few in flight does not move
+the batch; in a burst of one kind the requests in flight say so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from classifier.features import Workload
+
+__all__ = ["Traffic"]
+
+
+@dataclass(slots=True)
+class _Kind:
+    answers: float = 0.0  # decayed count
+    prompt_tokens: float = 0.0  # decayed sums
+    output_tokens: float = 0.0
+
+
+@dataclass(slots=True)
+class Traffic:
+    """Decayed statistics of the answers seen (the router's only writer is learn())."""
+
+    memory: float
+    kinds: dict[Workload, _Kind] = field(default_factory=dict)
+    load: float = 0.0  # decayed sum of the requests in flight at each answer's decision
+
+    def observe(self, workload: Workload, prompt: float, output: float, load: float) -> None:
+        keep = 1.0 - 1.0 / self.memory
+        for kind in self.kinds.values():
+            kind.answers *= keep
+            kind.prompt_tokens *= keep
+            kind.output_tokens *= keep
+        kind = self.kinds.setdefault(workload, _Kind())
+        kind.answers += 1.0
+        kind.prompt_tokens += prompt
+        kind.output_tokens += output
+        self.load = self.load * keep + load
+
+    @property
+    def seen(self) -> float:
+        return sum(k.answers for k in self.kinds.values())
+
+    def shares(self) -> dict[Workload, float]:
+        """Decayed answers per workload (not normalised)."""
+        return {w: k.answers for w, k in self.kinds.items()}
+
+    def expected_load(self) -> float:
+        """Requests in flight on the GPU at the traffic's decisions, on average, each one
+        counting itself (0: nothing seen yet)."""
+        seen = self.seen
+        return self.load / seen if seen > 0 else 0.0
+
+    def coming(self, in_flight: Mapping[Workload, float], strength: float) -> dict[Workload, float]:
+        """The kinds of the next requests, as shares summing to 1: the traffic's shares
+        worth `strength` requests, plus the kinds in flight."""
+        seen = self.seen
+        posterior = {w: strength * n / seen for w, n in self.shares().items()} if seen else {}
+        for workload, n in in_flight.items():
+            posterior[workload] = posterior.get(workload, 0.0) + n
+        total = sum(posterior.values())
+        return {w: n / total for w, n in posterior.items()} if total > 0 else {}
+
+    def mean_prompt(self, shares: Mapping[Workload, float]) -> float:
+        """Prompt tokens of a request drawn from `shares` (0 where nothing is known)."""
+        return self._mean(shares, "prompt_tokens")
+
+    def mean_output(self, shares: Mapping[Workload, float]) -> float:
+        """Completion tokens per sequence of a request drawn from `shares` (at least 1)."""
+        return max(self._mean(shares, "output_tokens"), 1.0)
+
+    def _mean(self, shares: Mapping[Workload, float], what: str) -> float:
+        weight = total = 0.0
+        for workload, share in shares.items():
+            kind = self.kinds.get(workload)
+            if kind is None or kind.answers <= 0:
+                continue
+            weight += share
+            total += share * getattr(kind, what) / kind.answers
+        return total / weight if weight > 0 else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "kinds": {
+                w.value: [k.answers, k.prompt_tokens, k.output_tokens]
+                for w, k in self.kinds.items()
+            },
+            "load": self.load,
+        }
+
+    def load_json(self, raw: object) -> None:
+        """A state's traffic: {"kinds": {workload: [answers, prompt, output]}, "load"};
+        or the shape before it (workload: answers), its lengths then unknown. Anything
+        else is refused (ValueError) and nothing is taken."""
+        kinds: dict[Workload, _Kind] = {}
+        load = 0.0
+        if isinstance(raw, Mapping) and set(raw) <= {"kinds", "load"} and "kinds" in raw:
+            table, load = raw["kinds"], _number(raw.get("load", 0.0), "traffic load")
+        else:
+            table = raw
+        if not isinstance(table, Mapping):
+            raise ValueError("router state: traffic: want a table")
+        for key, value in table.items():
+            figures = value if isinstance(value, list) else [value, 0.0, 0.0]
+            if len(figures) != 3:
+                raise ValueError(f"router state: traffic {key!r}: want 3 figures")
+            answers, prompt, output = (_number(v, f"traffic {key!r}") for v in figures)
+            kinds[Workload(str(key))] = _Kind(answers, prompt, output)
+        self.kinds, self.load = kinds, load
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"router state: {what}: want a number")
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"router state: {what}: want a finite number >= 0")
+    return number
