@@ -448,7 +448,7 @@ class ProfiledPolicy:
         # multiplies it by the batch (on the prior, a chaos run at c=32 priced a busy
         # server seconds dearer than it was and split the batch: a probe waited 6x).
         if batch > 0 and profile.source != "prior":
-            likely = self._traffic.coming(dict(here.mix), strength=batch)
+            likely = self._traffic.coming(dict(here.mix))
             arrivals = batch * min(1.0, out / self._traffic.mean_output(likely))
             prefills = arrivals * _prefill_of(me, self._traffic.mean_prompt(likely)) * slowdown
         alone = ttft + steps * step + prefills
@@ -483,12 +483,13 @@ class ProfiledPolicy:
         batch of the next request life cheaper per token, by enough to pay for the move.
 
         That batch is the requests in flight now (and this one), about half a life left
-        each, and new ones up to the traffic's usual load. The new ones' kinds: the
-        traffic's shares as a prior worth that batch, updated by the kinds in flight (a
-        burst of one kind shows in them; a carrier chosen on the 8 in flight alone
-        followed the sample, not the traffic: a 2-pair emulated run at c=8 moved its
-        batch 10-15 times in 90 requests, tests/gateway/test_pairs.py). With nothing in
-        flight there is nothing to drain: the cheapest carrier takes it."""
+        each, and new ones up to the traffic's usual load. The new ones' kinds: those in
+        flight as far as the traffic's next kind follows its last, its shares for the
+        rest (traffic.py: in bursts the requests in flight say what comes; in steady
+        mixed traffic a carrier chosen on the 8 in flight alone followed the sample, a
+        2-pair emulated run at c=8 moved its batch 10-15 times in 90 requests,
+        tests/gateway/test_pairs.py). With nothing in flight there is nothing to drain:
+        the cheapest carrier takes it."""
         mix: dict[Workload, float] = {}
         for route in routes:
             for workload, count in state.of(route).mix:
@@ -496,10 +497,10 @@ class ProfiledPolicy:
         mix[f.workload] = mix.get(f.workload, 0.0) + max(f.n, 1)
         # The batch the carrier will hold: what is in flight, or the traffic's usual load;
         # over the next life, those in flight (about half a life left each) and new ones
-        # from the traffic's shares.
+        # of the kinds coming (classifier/traffic.py).
         in_flight = sum(state.of(r).load for r in routes) + max(f.n, 1)
         total = max(in_flight, round(self._traffic.expected_load()))
-        likely = self._traffic.coming(mix, strength=total)
+        likely = self._traffic.coming(mix)
         coming = total - _OVERLAP_SHARE * in_flight
         mix = {w: _OVERLAP_SHARE * c for w, c in mix.items()}
         for workload, share in likely.items():

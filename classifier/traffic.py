@@ -6,10 +6,11 @@ batch) and their answers (how many arrive per life), and how many requests the G
 usually holds. All of it is learned from finished answers, decayed over the last
 `memory` answers, so a change of traffic shows within a few batches' lives.
 
-The kinds coming next: the traffic's shares as a prior worth the batch about to
-form, updated by the kinds in flight (a Dirichlet posterior mean). Under steady
-mixed traffic the shares dominate and a sample of a few in flight does not move
-the batch; in a burst of one kind the requests in flight say so.
+The kinds coming next: the kinds in flight, weighed by how much the traffic's next
+kind follows its last (its stickiness: how often two answers in a row were of one
+kind, above the shares' chance of it, 0..1), the traffic's shares for the rest. Under
+steady mixed traffic a sample of a few in flight does not move the batch; in bursts
+of one kind the requests in flight say what comes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class Traffic:
     memory: float
     kinds: dict[Workload, _Kind] = field(default_factory=dict)
     load: float = 0.0  # decayed sum of the requests in flight at each answer's decision
+    follows: float = 0.0  # decayed count of answers of the same kind as the one before
+    pairs: float = 0.0  # decayed count of answers after another
+    last: Workload | None = None
 
     def observe(self, workload: Workload, prompt: float, output: float, load: float) -> None:
         keep = 1.0 - 1.0 / self.memory
@@ -44,6 +48,10 @@ class Traffic:
             kind.answers *= keep
             kind.prompt_tokens *= keep
             kind.output_tokens *= keep
+        if self.last is not None:
+            self.pairs = self.pairs * keep + 1.0
+            self.follows = self.follows * keep + float(workload is self.last)
+        self.last = workload
         kind = self.kinds.setdefault(workload, _Kind())
         kind.answers += 1.0
         kind.prompt_tokens += prompt
@@ -64,15 +72,30 @@ class Traffic:
         seen = self.seen
         return self.load / seen if seen > 0 else 0.0
 
-    def coming(self, in_flight: Mapping[Workload, float], strength: float) -> dict[Workload, float]:
-        """The kinds of the next requests, as shares summing to 1: the traffic's shares
-        worth `strength` requests, plus the kinds in flight."""
+    def stickiness(self) -> float:
+        """How much the next answer's kind follows the last, above chance: 0 for steady
+        mixed traffic, 1 for bursts of one kind (0 before two answers)."""
         seen = self.seen
-        posterior = {w: strength * n / seen for w, n in self.shares().items()} if seen else {}
+        if seen <= 0 or self.pairs <= 0:
+            return 0.0
+        chance = sum((k.answers / seen) ** 2 for k in self.kinds.values())
+        if chance >= 1.0:
+            return 1.0
+        return min(1.0, max(0.0, (self.follows / self.pairs - chance) / (1.0 - chance)))
+
+    def coming(self, in_flight: Mapping[Workload, float]) -> dict[Workload, float]:
+        """The kinds of the next requests, as shares summing to 1: the kinds in flight
+        by the traffic's stickiness, the traffic's shares for the rest."""
+        seen, flying = self.seen, sum(in_flight.values())
+        if flying <= 0 and seen <= 0:
+            return {}
+        if seen <= 0:
+            return {w: n / flying for w, n in in_flight.items()}
+        follow = self.stickiness() if flying > 0 else 0.0
+        out = {w: (1.0 - follow) * k.answers / seen for w, k in self.kinds.items()}
         for workload, n in in_flight.items():
-            posterior[workload] = posterior.get(workload, 0.0) + n
-        total = sum(posterior.values())
-        return {w: n / total for w, n in posterior.items()} if total > 0 else {}
+            out[workload] = out.get(workload, 0.0) + follow * n / flying
+        return out
 
     def mean_prompt(self, shares: Mapping[Workload, float]) -> float:
         """Prompt tokens of a request drawn from `shares` (0 where nothing is known)."""
@@ -99,6 +122,7 @@ class Traffic:
                 for w, k in self.kinds.items()
             },
             "load": self.load,
+            "follows": [self.follows, self.pairs],
         }
 
     def load_json(self, raw: object) -> None:
@@ -107,8 +131,15 @@ class Traffic:
         else is refused (ValueError) and nothing is taken."""
         kinds: dict[Workload, _Kind] = {}
         load = 0.0
-        if isinstance(raw, Mapping) and set(raw) <= {"kinds", "load"} and "kinds" in raw:
+        follows = pairs = 0.0
+        if isinstance(raw, Mapping) and set(raw) <= {"kinds", "load", "follows"} and "kinds" in raw:
             table, load = raw["kinds"], _number(raw.get("load", 0.0), "traffic load")
+            pair = raw.get("follows", [0.0, 0.0])
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise ValueError("router state: traffic follows: want 2 figures")
+            follows, pairs = (_number(v, "traffic follows") for v in pair)
+            if follows > pairs:
+                raise ValueError("router state: traffic follows: more than the pairs")
         else:
             table = raw
         if not isinstance(table, Mapping):
@@ -119,7 +150,7 @@ class Traffic:
                 raise ValueError(f"router state: traffic {key!r}: want 3 figures")
             answers, prompt, output = (_number(v, f"traffic {key!r}") for v in figures)
             kinds[Workload(str(key))] = _Kind(answers, prompt, output)
-        self.kinds, self.load = kinds, load
+        self.kinds, self.load, self.follows, self.pairs = kinds, load, follows, pairs
 
 
 def _number(value: object, what: str) -> float:
