@@ -21,6 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
+
+# JSON members a client may send that the gateway must pass on as sent and never
+# write back itself: about 1,010 levels deep in a body of 64 KB or more (orjson takes
+# 1,024; json.dumps recursed out), and a number no float holds (json.dumps wrote
+# Infinity, which is no JSON and vLLM's parser refuses). For pytest.mark.parametrize.
+UNWRITABLE_MEMBERS = (
+    b'"deep":' + b"[" * 1010 + b"]" * 1010 + b',"pad":"' + b"x" * 70_000 + b'"',
+    b'"repetition_penalty":1e309',
+)
+UNWRITABLE_IDS = ("deeply_nested", "huge_number")
 WORDS = ("Hello", " from", " a", " raw", " server", ".")
 
 

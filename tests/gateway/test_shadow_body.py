@@ -17,19 +17,15 @@ from structlog.testing import capture_logs
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from tests.gateway.conftest import ClientFactory, RawUpstreams, make_config
+from tests.gateway.misbehaving_upstream import UNWRITABLE_IDS, UNWRITABLE_MEMBERS
 from tests.gateway.test_shadow import STRUCTURED, shadows
 from tests.support import wait_until
 
 
 @pytest.mark.parametrize(
     "extra",
-    [
-        # orjson (bodies of 64 KB or more) takes 1,024 levels; json.dumps recursed out.
-        b'"deep":' + b"[" * 1010 + b"]" * 1010 + b',"pad":"' + b"x" * 70_000 + b'"',
-        # json.dumps wrote Infinity, which vLLM refuses: a failed shadow, not a skipped one.
-        b'"repetition_penalty":1e309',
-    ],
-    ids=["deeply_nested", "huge_number"],
+    UNWRITABLE_MEMBERS,
+    ids=UNWRITABLE_IDS,
 )
 async def test_a_body_json_cannot_write_back_is_not_copied(
     aiohttp_client: ClientFactory, raw_upstreams: RawUpstreams, tokens: TokenCounter, extra: bytes

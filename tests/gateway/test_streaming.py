@@ -12,6 +12,7 @@ from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from tests.gateway.conftest import ClientFactory, RawUpstreams, make_config
 from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.misbehaving_upstream import UNWRITABLE_IDS, UNWRITABLE_MEMBERS
 from tests.gateway.test_routing import chat
 
 Client = TestClient[web.Request, web.Application]
@@ -83,15 +84,8 @@ async def test_chunks_arrive_as_they_are_produced(
 
 @pytest.mark.parametrize(
     "extra",
-    [
-        # About 1,010 levels deep, in a body of 64 KB or more (parsed by orjson, which
-        # takes 1,024): json.dumps hit its recursion limit, and the client got a 500.
-        b'"deep":' + b"[" * 1010 + b"]" * 1010 + b',"pad":"' + b"x" * 70_000 + b'"',
-        # A number no float holds, in a field the gateway does not read: it was sent on
-        # as Infinity, which is no JSON, and vLLM's parser refuses.
-        b'"repetition_penalty":1e309',
-    ],
-    ids=["deeply_nested", "huge_number"],
+    UNWRITABLE_MEMBERS,
+    ids=UNWRITABLE_IDS,
 )
 async def test_a_stream_asks_for_usage_without_rewriting_the_body(
     aiohttp_client: ClientFactory,
