@@ -191,8 +191,18 @@ def _add_ext_proc_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _ext_proc(args: argparse.Namespace) -> int:
-    from gateway.extproc.server import serve as serve_ext_proc
-    from gateway.extproc.stream import Mode
+    try:  # grpcio and protobuf come with the `envoy` extra only
+        from gateway.extproc.server import serve as serve_ext_proc
+        from gateway.extproc.stream import Mode
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in ("grpc", "grpc_health", "google"):
+            raise
+        print(
+            f"specroute ext-proc: needs grpcio and protobuf ({exc.name} is not installed): "
+            "pip install 'specroute[envoy]'",
+            file=sys.stderr,
+        )
+        return 2
 
     config = resolve_config(args.config, args.host, None, args.backend)
     configure_logging(config.logging.level)

@@ -5,14 +5,22 @@ gateway's config (loaded with the gateway's own loader), Prometheus's
 targets, Grafana's provisioning. compose-envoy.yaml (Envoy + `specroute
 ext-proc` + the same pair): the picker's flags parse with the CLI's own parser,
 Envoy's bootstrap is deploy/envoy/envoy.yaml rendered with the services' names
-(and Envoy itself validates it), and every address in it is a service's port."""
+(and Envoy itself validates it), and every address in it is a service's port.
+compose-emulated.yaml (`serve --emulate`, no GPU): its target is a stage of
+deploy/docker/gateway.Dockerfile with the tooling in it, and its command, run here
+as the container would run it, serves the page. The Dockerfile itself: stages,
+targets, what each copies and installs."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +29,7 @@ import yaml
 
 from deploy.envoy import render
 from deploy.gpu.sizing import LLAMA_31_8B, LLAMA_32_1B, plan_example
-from gateway.cli import _add_ext_proc_arguments
+from gateway.cli import _add_ext_proc_arguments, _add_serve_arguments
 from gateway.config import load_config
 from tests.deploy.conftest import DEPLOY, ROOT, run
 from tests.support import require_tool
@@ -29,7 +37,12 @@ from tests.support import require_tool
 COMPOSE_DIR = DEPLOY / "compose"
 COMPOSE = COMPOSE_DIR / "compose.yaml"
 COMPOSE_ENVOY = COMPOSE_DIR / "compose-envoy.yaml"
+COMPOSE_EMULATED = COMPOSE_DIR / "compose-emulated.yaml"
+DOCKERFILE = DEPLOY / "docker" / "gateway.Dockerfile"
 FILES = pytest.mark.parametrize("path", [COMPOSE, COMPOSE_ENVOY], ids=lambda p: p.name)
+EVERY_FILE = pytest.mark.parametrize(
+    "path", [COMPOSE, COMPOSE_ENVOY, COMPOSE_EMULATED], ids=lambda p: p.name
+)
 ENV_FILE = COMPOSE_DIR / "example.env"
 CHECK_COMPOSE = [
     sys.executable,
@@ -108,7 +121,7 @@ def envoy_compose() -> dict[str, Any]:
     return load(COMPOSE_ENVOY)
 
 
-@FILES
+@EVERY_FILE
 def test_compose_spec_schema(path: Path) -> None:
     res = run(
         [*CHECK_COMPOSE, str(path)],
@@ -138,7 +151,7 @@ def test_services(compose: dict[str, Any]) -> None:
     }
 
 
-@FILES
+@EVERY_FILE
 def test_every_variable_is_in_example_env(path: Path) -> None:
     text = path.read_text()
     env = read_env(ENV_FILE)
@@ -260,7 +273,7 @@ def test_grafana_provisioning(compose: dict[str, Any]) -> None:
     assert (mounts[path] / Path(home).relative_to(path)).is_file()
 
 
-@FILES
+@EVERY_FILE
 def test_every_bind_mount_source_exists(path: Path) -> None:
     compose = load(path)
     named = set(compose.get("volumes", {}))
@@ -356,3 +369,175 @@ def test_every_envoy_address_is_a_service_port(envoy_compose: dict[str, Any]) ->
     assert picker["health_checks"][0]["grpc_health_check"]["service_name"] == (
         "envoy.service.ext_proc.v3.ExternalProcessor"
     )
+
+
+# --- deploy/docker/gateway.Dockerfile and compose-emulated.yaml ---------------------
+
+
+def dockerfile_stages(text: str) -> dict[str, list[str]]:
+    """Stage name -> its instructions (continuation lines joined), in file order."""
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.upper().startswith("FROM "):
+            words = line.split()
+            assert len(words) == 4 and words[2].upper() == "AS", f"unnamed stage: {line}"
+            current = stages.setdefault(words[3], [])
+        current.append(line)
+    return stages
+
+
+def _installs(stage: list[str]) -> str:
+    return " ".join(i for i in stage if i.startswith("RUN pip install"))
+
+
+def _copies_tooling(stages: dict[str, list[str]], name: str) -> bool:
+    """Whether `name`, or a stage it is built from or copies from, copies tooling/ in."""
+    for instruction in stages[name]:
+        words = instruction.split()
+        if words[0] == "COPY" and not words[1].startswith("--from") and "tooling" in words[1:-1]:
+            return True
+        parent = words[1] if words[0] == "FROM" else None
+        copied = words[0] == "COPY" and words[1].startswith("--from=")
+        source = words[1].removeprefix("--from=") if copied else None
+        for other in (parent, source):
+            if other in stages and other != name and _copies_tooling(stages, other):
+                return True
+    return False
+
+
+def test_the_dockerfile_stages() -> None:
+    stages = dockerfile_stages(DOCKERFILE.read_text())
+    names = list(stages)
+    # The default target (the last stage) is the gateway compose.yaml and k8s run:
+    # specroute with the envoy extra (ext-proc in compose-envoy.yaml), no tooling.
+    assert names[-1] == "gateway"
+    assert "'specroute[envoy]'" in _installs(stages["gateway"])
+    assert "specroute-tools" not in _installs(stages["gateway"])
+    assert not _copies_tooling(stages, "gateway")
+    assert any("find_spec('tooling') is not None" in i for i in stages["gateway"])
+    # The emulated target: the tooling installed, serving the emulated pair.
+    assert "specroute-tools" in _installs(stages["emulated"])
+    assert _copies_tooling(stages, "emulated")
+    for name in ("gateway", "emulated"):
+        stage = stages[name]
+        assert "USER 10001" in stage, name
+        assert any("load_tiktoken_counter" in i for i in stage), name  # no network at start
+        assert stage[-1].startswith("CMD [")
+    assert json.loads(stages["gateway"][-1][4:]) == [
+        "serve",
+        "--config",
+        "/etc/specroute/config.toml",
+    ]
+    assert json.loads(stages["emulated"][-1][4:])[:2] == ["serve", "--emulate"]
+    # Every COPY from the context names a path of the repository, every --from an earlier stage.
+    for i, name in enumerate(names):
+        for instruction in stages[name]:
+            words = instruction.split()
+            if words[0] != "COPY":
+                continue
+            if words[1].startswith("--from="):
+                assert words[1].removeprefix("--from=") in names[:i], instruction
+            else:
+                for source in words[1:-1]:
+                    assert (ROOT / source).exists(), instruction
+            assert (ROOT / "LICENSE").exists()
+
+
+def test_the_dockerfile_reader_sees_a_missing_stage() -> None:
+    with pytest.raises(AssertionError, match="unnamed stage"):
+        dockerfile_stages("FROM python:3.11-slim\nRUN true\n")
+    stages = dockerfile_stages(
+        "FROM a AS one\nCOPY tooling ./tooling\nFROM b AS two\nCOPY --from=one /x /x\n"
+    )
+    assert _copies_tooling(stages, "two")
+
+
+def test_compose_builds_name_stages_of_the_dockerfile() -> None:
+    stages = dockerfile_stages(DOCKERFILE.read_text())
+    for path in (COMPOSE, COMPOSE_ENVOY, COMPOSE_EMULATED):
+        for name, service in load(path)["services"].items():
+            build = service.get("build")
+            if build is None:
+                continue
+            assert (COMPOSE_DIR / build["context"]).resolve() == ROOT
+            assert (COMPOSE_DIR / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
+            target = build.get("target", list(stages)[-1])
+            assert target in stages, f"{path.name}: {name}: {target}"
+            wanted = "emulated" if path == COMPOSE_EMULATED else "gateway"
+            assert target == wanted, f"{path.name}: {name}"
+
+
+def _serve_args(command: list[str]) -> argparse.Namespace:
+    assert command[0] == "serve"
+    parser = argparse.ArgumentParser(prog="specroute serve")
+    _add_serve_arguments(parser)
+    return parser.parse_args(command[1:])
+
+
+def test_the_emulated_compose_needs_no_gpu_and_no_settings() -> None:
+    text = COMPOSE_EMULATED.read_text()
+    assert "${" not in text  # no .env to write
+    compose = load(COMPOSE_EMULATED)
+    (service,) = compose["services"].values()
+    assert "deploy" not in service and "nvidia" not in text.lower() and "/dev/" not in text
+    stages = dockerfile_stages(DOCKERFILE.read_text())
+    # its command is the image's own, parsed as `specroute serve` parses it
+    assert service["command"] == json.loads(stages["emulated"][-1][4:])
+    args = _serve_args(service["command"])
+    assert args.emulate and args.host == "0.0.0.0"
+    assert service["ports"] == [f"127.0.0.1:{args.port}:{args.port}"]
+    assert f"127.0.0.1:{args.port}/health" in " ".join(service["healthcheck"]["test"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_emulated_containers_command_serves_the_page(tmp_path: Path) -> None:
+    """compose-emulated.yaml's command as the container runs it (the `specroute` entry
+    point), on 127.0.0.1 and a free port here: /health, /ui and a routed completion."""
+    (service,) = load(COMPOSE_EMULATED)["services"].values()
+    command = list(service["command"])
+    port = _free_port()
+    command[command.index("--host") + 1] = "127.0.0.1"
+    command[command.index("--port") + 1] = str(port)
+    specroute = str(Path(sys.executable).with_name("specroute"))
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([specroute, *command], cwd=tmp_path, stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
+                    assert resp.status == 200
+                    break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+                assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+                time.sleep(0.2)
+        with urllib.request.urlopen(f"{base}/ui", timeout=5) as resp:
+            assert "<html" in resp.read().decode().lower()
+        body = json.dumps(
+            {
+                "model": "emulated-model",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"{base}/v1/chat/completions", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert resp.headers["x-specroute-route"] in ("speculative", "baseline")
+            assert json.loads(resp.read())["choices"][0]["message"]["content"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()

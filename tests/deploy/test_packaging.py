@@ -14,6 +14,7 @@ saying how to get it, not a traceback.
 from __future__ import annotations
 
 import email.parser
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import trove_classifiers
 
 from .conftest import ROOT, run
 
@@ -100,7 +102,7 @@ def server_wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     # The whole project, tooling/ and tests/ included: the wheel must leave them out
     # by its own configuration, not because they were missing.
     src = tmp_path_factory.mktemp("server-src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     for name in ("gateway", "classifier", "tooling", "tests"):
         shutil.copytree(ROOT / name, src / name, ignore=_JUNK)
@@ -132,10 +134,17 @@ def test_server_wheel_holds_gateway_and_classifier_only(
     (entry_points,) = [f for f in files if f.endswith(".dist-info/entry_points.txt")]
     assert "specroute = gateway.cli:main" in server_wheel.read(entry_points).decode()
     meta = _metadata(server_wheel)
-    # The tooling's extras (bench, train, traffic) are specroute-tools' now.
-    assert set(meta.get_all("Provides-Extra") or []) == {"dev"}
-    runtime = [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
+    # The tooling's extras (bench, train, traffic) are specroute-tools' now; envoy holds
+    # what only `specroute ext-proc` needs, and dev (the tests) takes it in.
+    assert set(meta.get_all("Provides-Extra") or []) == {"dev", "envoy"}
+    requires = meta.get_all("Requires-Dist") or []
+    runtime = [r for r in requires if "extra ==" not in r]
     assert not [r for r in runtime if r.startswith(("matplotlib", "scikit-learn", "specroute"))]
+    grpc = ("grpcio", "protobuf", "grpcio-health-checking")
+    assert not [r for r in runtime if re.split(r"[<>=!~ ;\[]", r)[0] in grpc], runtime
+    envoy = {re.split(r"[<>=!~ ;]", r)[0] for r in requires if 'extra == "envoy"' in r}
+    assert envoy == set(grpc), envoy
+    assert any(r.startswith("specroute[envoy]") and 'extra == "dev"' in r for r in requires)
 
 
 def test_tools_wheel_holds_tooling(
@@ -159,6 +168,8 @@ def test_tools_wheel_holds_tooling(
     assert meta["Name"] == "specroute-tools"
     requires = meta.get_all("Requires-Dist") or []
     assert f"specroute=={version}" in requires, requires
+    # the bench's progress bar (rate, time left) is a maintained library's
+    assert [r for r in requires if r.startswith("tqdm") and "extra" not in r], requires
     assert set(meta.get_all("Provides-Extra") or []) == {"bench", "train", "traffic"}
 
 
@@ -207,3 +218,105 @@ def test_a_missing_dependency_inside_tooling_is_not_reported_as_tooling() -> Non
 
     with pytest.raises(ModuleNotFoundError, match="sklearn"):
         _tooling_missing("train", ModuleNotFoundError("No module named 'sklearn'", name="sklearn"))
+
+
+@pytest.mark.parametrize("which", ["server", "tools"])
+def test_each_wheel_carries_the_license_and_pypi_metadata(
+    which: str, server_wheel: zipfile.ZipFile, tools_wheel: zipfile.ZipFile
+) -> None:
+    wheel = server_wheel if which == "server" else tools_wheel
+    meta = _metadata(wheel)
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    (license_file,) = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    assert wheel.read(license_file) == (ROOT / "LICENSE").read_bytes()
+    assert meta["Author"] or meta["Author-email"]
+    classifiers = meta.get_all("Classifier") or []
+    assert "Programming Language :: Python :: 3.11" in classifiers
+    # PyPI refuses an unknown classifier at upload; PEP 639 forbids License :: beside
+    # a license expression.
+    assert not [c for c in classifiers if c not in trove_classifiers.classifiers]
+    assert not [c for c in classifiers if c.startswith("License ::")]
+
+
+def test_the_license_is_the_apache_license_2_0_in_full() -> None:
+    text = (ROOT / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    # the nine sections of the terms, then the appendix on how to apply it
+    for n, title in enumerate(
+        [
+            "Definitions",
+            "Grant of Copyright License",
+            "Grant of Patent License",
+            "Redistribution",
+            "Submission of Contributions",
+            "Trademarks",
+            "Disclaimer of Warranty",
+            "Limitation of Liability",
+            "Accepting Warranty or Additional Liability",
+        ],
+        start=1,
+    ):
+        assert f"{n}. {title}." in text, title
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert "APPENDIX: How to apply the Apache License to your work." in text
+    assert (ROOT / "tooling/LICENSE").read_bytes() == text.encode()  # the link resolves
+
+
+def test_ext_proc_without_grpc_says_which_extra() -> None:
+    no_grpc = (
+        "import sys; sys.modules['grpc'] = None; "
+        "from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    result = run(
+        [
+            sys.executable,
+            "-c",
+            no_grpc,
+            "ext-proc",
+            "--backend",
+            "speculative=http://127.0.0.1:9",
+            "--backend",
+            "baseline=http://127.0.0.1:9",
+        ],
+        cwd=ROOT,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line == (
+        "specroute ext-proc: needs grpcio and protobuf (grpc is not installed): "
+        "pip install 'specroute[envoy]'"
+    )
+
+
+def test_server_commands_run_without_grpc() -> None:
+    """`serve` and `profile` import nothing of gRPC: the envoy extra is for ext-proc only."""
+    code = (
+        "import sys; sys.modules['grpc'] = None; sys.modules['google.protobuf'] = None; "
+        "import gateway.app, gateway.serve, gateway.profile_cli, gateway.cli"
+    )
+    result = run([sys.executable, "-c", code], cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_install_lines_take_both_distributions_from_the_checkout() -> None:
+    """specroute-tools pins specroute of its own version, which no index holds: every
+    documented install of the tooling names `.` in the same pip command, and the README's
+    production line installs without -e."""
+    readme = (ROOT / "README.md").read_text()
+    tools = (ROOT / "tooling/pyproject.toml").read_text()
+    lines = [
+        line
+        for text in (readme, tools)
+        for line in text.splitlines()
+        if re.search(r"pip install .*\./tooling", line)
+    ]
+    assert lines
+    for line in lines:
+        command = line.split("pip install", 1)[1].split("#")[0]
+        assert re.search(r"(^|\s)(-e )?'?\.(\[\w+\])?'?(\s|$)", command), line
+    production = [
+        line for line in readme.splitlines() if "pip install" in line and "-e" not in line
+    ]
+    assert production, "the README has no install line without -e"
