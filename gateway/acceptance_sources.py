@@ -17,9 +17,9 @@ import structlog
 
 from classifier.attribution import CounterAttribution, DecodeLog
 from classifier.features import Workload
-from gateway.measure import COUNTER_ATTRIBUTION, PER_REQUEST_METRICS, STREAM_STEPS, UNKNOWN
 from gateway.scraper import Scrape, counter_window
 from gateway.telemetry import Metrics
+from gateway.wire.acceptance import COUNTER_ATTRIBUTION, PER_REQUEST_METRICS, STREAM_STEPS, UNKNOWN
 
 SOURCES = (PER_REQUEST_METRICS, COUNTER_ATTRIBUTION, STREAM_STEPS, UNKNOWN)
 

@@ -22,10 +22,8 @@ from gateway.auth import Keys, auth_middleware
 from gateway.backends import BackendPool
 from gateway.config import Config
 from gateway.errors import error_middleware
-from gateway.limits import ByteRate
 from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder
-from gateway.relays import Relays
 from gateway.runtime import Runtime
 from gateway.shadow import ShadowRunner
 from gateway.shadow_results import shadow_log_path
@@ -45,6 +43,8 @@ from gateway.state import (
     TOKENS,
 )
 from gateway.telemetry import Metrics
+from gateway.wire.limits import ByteRate
+from gateway.wire.relays import Relays
 
 
 def create_app(

@@ -27,8 +27,10 @@ from classifier.policy import Route
 from gateway.backends import Backend, BackendPool, Upstream
 from gateway.config import Config
 from gateway.errors import APIError
-from gateway.failures import UpstreamFailure
-from gateway.proxy import (
+from gateway.state import BACKENDS, RELAYS, SESSION, SHADOWS
+from gateway.wire.failures import UpstreamFailure
+from gateway.wire.life import ANSWER_FAILURES, RequestLife
+from gateway.wire.proxy import (
     AnswerBounds,
     EventReader,
     Relay,
@@ -38,8 +40,6 @@ from gateway.proxy import (
     read_chat_events,
     relay,
 )
-from gateway.record import ANSWER_FAILURES, RequestLife
-from gateway.state import BACKENDS, RELAYS, SESSION, SHADOWS
 
 ROUTE_HEADER = "x-specroute-route"
 REASON_HEADER = "x-specroute-reason"

@@ -8,18 +8,19 @@ the user as an unreadable exception, so nothing else may leave.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 from aiohttp import web
-
-from gateway.record import request_id_of
 
 log = structlog.get_logger("specroute.errors")
 request_log = structlog.get_logger("specroute.request")
 # Set by a handler that writes the request's canonical log line itself.
 LOGGED = web.RequestKey("specroute_logged", bool)
 REQUEST_ID = web.RequestKey("specroute_request_id", str)
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 _TYPES = {
     400: "invalid_request_error",
@@ -95,6 +96,12 @@ def request_id(request: web.Request) -> str:
     if known is None:
         known = request[REQUEST_ID] = request_id_of(request.headers)
     return known
+
+
+def request_id_of(headers: Mapping[str, str]) -> str:
+    """The client's X-Request-Id if it is a safe token, else a fresh one."""
+    given = headers.get("X-Request-Id", "")
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

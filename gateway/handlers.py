@@ -23,8 +23,6 @@ from gateway.learning import learn, predicted_header
 from gateway.live import whole_servers
 from gateway.outcome import count_request, log_request
 from gateway.outcome_log import outcome_line
-from gateway.proxy import read_chat_events
-from gateway.record import CLIENT_DISCONNECT, RequestLife, RequestRecord
 from gateway.runtime import Snapshot
 from gateway.state import (
     BACKENDS,
@@ -39,7 +37,9 @@ from gateway.state import (
     SHADOWS,
     TOKENS,
 )
-from gateway.validation import parse_body, with_member
+from gateway.wire.life import CLIENT_DISCONNECT, RequestLife, RequestRecord
+from gateway.wire.proxy import read_chat_events
+from gateway.wire.validation import parse_body, with_member
 
 _BIG_BODY = 256 * 1024  # parsing and reading it take a millisecond or more
 _JSON_TYPES = ("application/json", "application/octet-stream")
@@ -163,7 +163,7 @@ async def read_and_analyse(
     """The body, parsed, validated, and its features.
 
     A big body (milliseconds to read, parse and forward) first draws from the
-    byte-rate budget (gateway/limits.py), then is read and parsed one at a time, in
+    byte-rate budget (gateway/wire/limits.py), then is read and parsed one at a time, in
     a thread: a flood of them waits in TCP's flow control, not in this process, and
     the event loop (and /health) keeps most of it.
     """

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from classifier.policy import Decision, Policy
 from classifier.router import ProfiledPolicy
-from gateway.record import Lesson, RequestRecord
 from gateway.telemetry import Metrics
+from gateway.wire.life import Lesson, RequestRecord
 
 
 def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:

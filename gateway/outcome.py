@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import structlog
 
-from gateway.record import RequestRecord
 from gateway.telemetry import Metrics
+from gateway.wire.life import RequestRecord
 
 log = structlog.get_logger("specroute.request")
 

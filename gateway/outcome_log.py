@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.outcome import rounded
-from gateway.record import RequestRecord
+from gateway.wire.life import RequestRecord
 
 _STOP = object()
 

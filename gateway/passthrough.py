@@ -36,8 +36,8 @@ from classifier.policy import Route
 from gateway.backends import Backend, Upstream
 from gateway.dispatch import ROUTE_HEADER, note_failure
 from gateway.errors import LOGGED, APIError, draining, request_id
-from gateway.failures import UPSTREAM_ERRORS, upstream_failure
 from gateway.state import BACKENDS, RUNTIME, SESSION
+from gateway.wire.failures import UPSTREAM_ERRORS, upstream_failure
 
 log = structlog.get_logger("specroute.passthrough")
 request_log = structlog.get_logger("specroute.request")

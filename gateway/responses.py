@@ -26,9 +26,9 @@ from aiohttp import web
 from classifier.policy import Route
 from gateway.backends import Backend, Upstream
 from gateway.passthrough import forward, targets_for
-from gateway.proxy import loads_object, usage_in
-from gateway.record import UPSTREAM_ERROR_EVENT, Meter
 from gateway.state import BACKENDS, RUNTIME, SESSION
+from gateway.wire.life import UPSTREAM_ERROR_EVENT, Meter
+from gateway.wire.proxy import loads_object, usage_in
 
 # The ids remembered. A setting's job, but config.py is not this module's to grow:
 # 100k entries (~20 MB) outlive any response a vLLM process keeps in memory.

@@ -46,7 +46,6 @@ from gateway.backends import BackendPool, Upstream
 from gateway.config import ShadowConfig
 from gateway.learning import learn_shadow
 from gateway.outcome_log import OutcomeLog
-from gateway.record import RequestRecord
 from gateway.runtime import Runtime
 from gateway.scraper import Scrape
 from gateway.shadow_copy import (
@@ -61,6 +60,7 @@ from gateway.shadow_copy import (
 )
 from gateway.shadow_results import PairTotals, paired, shadow_lesson, shadow_line
 from gateway.telemetry import Metrics
+from gateway.wire.life import RequestRecord
 
 log = structlog.get_logger("specroute.shadow")
 

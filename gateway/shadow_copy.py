@@ -22,9 +22,9 @@ import aiohttp
 
 from classifier.features import Endpoint, RequestFeatures
 from classifier.policy import Route
-from gateway.measure import MeasuredAcceptance, measured_acceptance
-from gateway.proxy import has_token, loads_object
-from gateway.record import AttributedRate, RequestRecord
+from gateway.wire.acceptance import MeasuredAcceptance, measured_acceptance
+from gateway.wire.life import AttributedRate, RequestRecord
+from gateway.wire.proxy import has_token, loads_object
 
 _PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
 _EVENT_END = b"\n\n"
@@ -185,7 +185,7 @@ def answer_of(
     attributed: AttributedRate | None,
 ) -> ShadowAnswer:
     """The figures of a read answer; acceptance (speculative side) from the best
-    source it has (gateway/measure.py)."""
+    source it has (gateway/wire/acceptance.py)."""
     duration, ttft, token_events, report = measured
     usage = report.get("usage") if report else None
     usage = usage if isinstance(usage, dict) else {}

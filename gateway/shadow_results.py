@@ -28,9 +28,9 @@ from typing import Any
 from classifier.features import Workload
 from classifier.policy import LiveState, Route
 from gateway.outcome import rounded
-from gateway.record import Lesson
 from gateway.shadow_copy import Primary, ShadowAnswer
 from gateway.telemetry import Metrics
+from gateway.wire.life import Lesson
 
 SIDES = ("speculative", "baseline", "chosen", "faster")
 

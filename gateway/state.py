@@ -11,13 +11,13 @@ from aiohttp import web
 from classifier.tokens import TokenCounter
 from gateway.backends import BackendPool
 from gateway.config import Config
-from gateway.limits import ByteRate
 from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder
-from gateway.relays import Relays
 from gateway.runtime import Runtime
 from gateway.shadow import ShadowRunner
 from gateway.telemetry import Metrics
+from gateway.wire.limits import ByteRate
+from gateway.wire.relays import Relays
 
 CONFIG = web.AppKey("config", Config)  # as at start: what resources were built from
 METRICS = web.AppKey("metrics", Metrics)

@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.proxy import has_token
+from gateway.wire.proxy import has_token
 from tooling.workloads import Request
 
 

@@ -38,7 +38,7 @@ def _row(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     features = outcome.get("features") if isinstance(outcome, dict) else None
-    # What the router learns: accepted drafts per decode step / k (gateway/measure.py);
+    # What the router learns: accepted drafts per decode step / k (gateway/wire/acceptance.py);
     # a log written before it was recorded has vLLM's accepted / drafted only.
     acceptance = outcome.get("acceptance_per_step", outcome.get("acceptance"))
     if outcome.get("route") != "speculative" or not isinstance(features, dict):

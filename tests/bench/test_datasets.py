@@ -15,7 +15,7 @@ import pytest
 
 from classifier.features import Endpoint, Workload, extract_features
 from classifier.tokens import TokenCounter
-from gateway.validation import parse_body
+from gateway.wire.validation import parse_body
 from tooling import datasets
 from tooling.bench.plan import builtin_names
 from tooling.datasets import DatasetError, Package, ShareGPTIndex, parse_sharegpt

@@ -41,7 +41,7 @@ from classifier import (
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
 from classifier.speculation import expected_tokens_per_step
-from gateway.record import Lesson
+from gateway.wire.life import Lesson
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 

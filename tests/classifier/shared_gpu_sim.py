@@ -54,7 +54,7 @@ from classifier.router import ProfiledPolicy, RouterConfig
 from classifier.speculation import expected_tokens_per_step
 from classifier.tokens import TokenCounter, load_tiktoken_counter
 from gateway.profiler import PROBES
-from gateway.record import Lesson
+from gateway.wire.life import Lesson
 from tooling.emulator.acceptance import (
     base_acceptance,
     classify,

@@ -12,7 +12,7 @@ from classifier.features import Endpoint, RequestFeatures, Workload
 from classifier.policy import BackendState, LiveState, Route
 from classifier.profile import Curve, EngineProfile, ProfileError, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
-from gateway.record import Lesson
+from gateway.wire.life import Lesson
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 K = 4

@@ -23,7 +23,7 @@ def _texts() -> list[str]:
     rng = random.Random(0)
     words = _prose().split()
     prose = [" ".join(rng.choice(words) for _ in range(n)) for n in (900, 2500, 6000)]
-    code = (ROOT / "gateway" / "proxy.py").read_text()
+    code = (ROOT / "gateway" / "wire" / "proxy.py").read_text()
     return [*prose, code, code * 3]
 
 

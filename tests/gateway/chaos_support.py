@@ -46,8 +46,8 @@ from aiohttp import web
 from classifier.policy import Route
 from gateway.config import Config, parse_config
 from gateway.dispatch import FAILOVER_HEADER, REASON_HEADER, ROUTE_HEADER
-from gateway.proxy import has_token
 from gateway.state import BACKENDS
+from gateway.wire.proxy import has_token
 from tests.support import wait_until
 from tooling.local_stack import wait_healthy
 from tooling.workloads import build

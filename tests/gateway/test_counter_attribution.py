@@ -20,10 +20,10 @@ from classifier.router import ProfiledPolicy
 from gateway.acceptance_sources import AcceptanceSources
 from gateway.app import create_app
 from gateway.backends import BackendPool, Upstream
-from gateway.measure import COUNTER_ATTRIBUTION, PER_REQUEST_METRICS, STREAM_STEPS, UNKNOWN
 from gateway.scraper import Scrape
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from gateway.telemetry import Metrics
+from gateway.wire.acceptance import COUNTER_ATTRIBUTION, PER_REQUEST_METRICS, STREAM_STEPS, UNKNOWN
 from tests.gateway.conftest import ClientFactory, GatewayFactory, ServerFactory, make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_measure import VLLM_REPORT

@@ -9,7 +9,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
 
-from gateway.measure import PER_REQUEST_METRICS, STREAM_STEPS, from_report, from_stream_steps
+from gateway.wire.acceptance import (
+    PER_REQUEST_METRICS,
+    STREAM_STEPS,
+    from_report,
+    from_stream_steps,
+)
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_observability import samples
 from tests.gateway.test_routing import chat

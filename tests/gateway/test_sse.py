@@ -1,4 +1,4 @@
-"""gateway/sse.py: events cut out of a backend's bytes however they are framed and split,
+"""gateway/wire/sse.py: events cut out of a backend's bytes however they are framed and split,
 in time linear in the stream, with a bound on an event that never ends."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gateway.sse import EventCutter, EventTooLong
+from gateway.wire.sse import EventCutter, EventTooLong
 
 STREAM = b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
 

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.errors import error_response, sse_error_event
-from gateway.failures import (
+from gateway.wire.failures import (
     STALL,
     UPSTREAM_ERRORS,
     BadAnswer,
@@ -36,9 +36,9 @@ from gateway.failures import (
     drained,
     upstream_failure,
 )
-from gateway.record import CLIENT_DISCONNECT, UPSTREAM_ERROR_EVENT, Meter
-from gateway.relays import is_drain
-from gateway.sse import EventCutter
+from gateway.wire.life import CLIENT_DISCONNECT, UPSTREAM_ERROR_EVENT, Meter
+from gateway.wire.relays import is_drain
+from gateway.wire.sse import EventCutter
 
 _EVENT_END = b"\n\n"
 _DONE = b"data: [DONE]"

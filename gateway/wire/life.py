@@ -10,16 +10,14 @@ read. Nothing reads a half-written life.
 
 from __future__ import annotations
 
-import re
 import time
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from classifier.features import Endpoint, RequestFeatures, Workload
 from classifier.policy import Decision, LiveState, Route
-from gateway.measure import MeasuredAcceptance, measured_acceptance, reports_spec_metrics
+from gateway.wire.acceptance import MeasuredAcceptance, measured_acceptance, reports_spec_metrics
 
 CLIENT_DISCONNECT = "client_disconnect"
 # Envoy ended the picker's stream before the answer ended (gateway/extproc): the
@@ -27,7 +25,7 @@ CLIENT_DISCONNECT = "client_disconnect"
 STREAM_RESET = "stream_reset"
 UPSTREAM_ERROR_EVENT = "upstream_error_event"  # a stream the backend ended with an error event
 # How a backend fails an answer whose status was sent (specroute_upstream_errors_total's
-# kinds: gateway/failures.py's upstream_failure names all but the error event): each
+# kinds: gateway/wire/failures.py's upstream_failure names all but the error event): each
 # counts against the backend, and a stream that ends with one is a stream_error.
 ANSWER_FAILURES = (
     "upstream_broken",  # the connection or the body cut short
@@ -36,18 +34,11 @@ ANSWER_FAILURES = (
     "upstream_truncated",  # a stream ended cleanly without its end ([DONE])
     UPSTREAM_ERROR_EVENT,
 )
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _STREAM_FAILURES = (*ANSWER_FAILURES, "drained")
 
 # A workload's acceptance rate attributed from vLLM's counters, or None while
 # it is too uncertain (AcceptanceSources.attributed_rate).
 AttributedRate = Callable[[Workload], float | None]
-
-
-def request_id_of(headers: Mapping[str, str]) -> str:
-    """The client's X-Request-Id if it is a safe token, else a fresh one."""
-    given = headers.get("X-Request-Id", "")
-    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
 @dataclass(slots=True)
@@ -260,7 +251,7 @@ def _acceptance(
     num_speculative_tokens: int,
     attributed: AttributedRate | None,
 ) -> MeasuredAcceptance | None:
-    """This answer's acceptance from the best source it has (gateway/measure.py)."""
+    """This answer's acceptance from the best source it has (gateway/wire/acceptance.py)."""
     tokens = completion_tokens if isinstance(completion_tokens, int) else None
     if features is None:
         return None
