@@ -148,27 +148,46 @@ class Policy(Protocol):
         ...
 
 
+# The speculative batch spared where nothing measured prices it: a rule of thumb, set on
+# the emulator's first (unmeasured) GPU, where speculation stopped paying at batch ~35.
+UNPRICED_SPEC_MAX_INFLIGHT = 16
+
+
 @dataclass(frozen=True, slots=True)
 class GuardsConfig:
     """When the speculative server is spared, whatever the policy: there a draft costs
-    every request on that server (KV per step, compute a big batch no longer has)."""
+    every request on that server (KV per step, compute a big batch no longer has).
 
-    spec_max_inflight: int = 16  # speculative load (BackendState.load) at/above this
+    The batch limit, unset, is the policy's: a policy with a measured step curve prices a
+    big batch itself (on the measured H200 the 1B draft still pays on structured output
+    at batch ~128, where a fixed 16 split one GPU's batch over both servers: c=32,
+    docs/benchmarks.md), and one without (the rules, the profiled policy on its
+    built-in prior) spares the server at UNPRICED_SPEC_MAX_INFLIGHT."""
+
+    spec_max_inflight: int | None = None  # speculative load (BackendState.load) at/above this
     spec_max_kv_usage: float = 0.9  # speculative KV cache usage at/above this
 
     def __post_init__(self) -> None:
-        if self.spec_max_inflight < 1:
+        if self.spec_max_inflight is not None and self.spec_max_inflight < 1:
             raise ValueError(f"spec_max_inflight must be >= 1, got {self.spec_max_inflight}")
         if not 0.0 < self.spec_max_kv_usage <= 1.0:
             raise ValueError(
                 f"spec_max_kv_usage must be within (0, 1], got {self.spec_max_kv_usage}"
             )
 
-    def reason(self, spec: BackendState) -> str | None:
+    def max_inflight(self, *, batch_priced: bool = False) -> int | None:
+        """The speculative batch that is spared: as configured, else none for a policy
+        whose measured step curve prices the batch, else UNPRICED_SPEC_MAX_INFLIGHT."""
+        if self.spec_max_inflight is not None:
+            return self.spec_max_inflight
+        return None if batch_priced else UNPRICED_SPEC_MAX_INFLIGHT
+
+    def reason(self, spec: BackendState, *, batch_priced: bool = False) -> str | None:
         """The reason to spare the speculative server now (kv-pressure, spec-busy), or None."""
         if spec.kv_cache_usage is not None and spec.kv_cache_usage >= self.spec_max_kv_usage:
             return "kv-pressure"
-        if spec.load >= self.spec_max_inflight:
+        limit = self.max_inflight(batch_priced=batch_priced)
+        if limit is not None and spec.load >= limit:
             return "spec-busy"
         return None
 
@@ -189,9 +208,10 @@ class RulesPolicy:
 
     1. kv-pressure: the speculative server's KV cache is nearly full (a draft
        adds KV per step; preemption there costs more than speculation saves).
-    2. spec-busy: the speculative server runs spec_max_inflight or more
-       requests (the gateway's count or its own, whichever is higher): a big
-       batch leaves no spare compute for the draft. 1-2 are the GuardsConfig.
+    2. spec-busy: the speculative server runs spec_max_inflight (unset:
+       UNPRICED_SPEC_MAX_INFLIGHT, the rules price no batch) or more requests
+       (the gateway's count or its own, whichever is higher): a big batch
+       leaves no spare compute for the draft. 1-2 are the GuardsConfig.
     3. high-temperature: a creative request (explicit temperature at/above
        features.creative_min_temperature, see extract_features) or any request
        sampling above it. A temperature merely inherited from a 1.0 default is not

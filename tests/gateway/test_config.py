@@ -31,7 +31,7 @@ def test_shipped_config_toml_is_valid() -> None:
     config = load_config(ROOT / "config.toml")
     assert config.backends.speculative.urls == ("http://127.0.0.1:8001",)
     assert config.routing.tuning.rules.default_route is Route.SPECULATIVE
-    assert config.routing.guards == GuardsConfig(spec_max_inflight=16, spec_max_kv_usage=0.9)
+    assert config.routing.guards == GuardsConfig(spec_max_inflight=None, spec_max_kv_usage=0.9)
 
 
 def test_urls_are_normalised_with_or_without_v1() -> None:
