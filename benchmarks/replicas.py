@@ -31,7 +31,7 @@ Envoys) over the measured run's wall time, mean over the seeds: near 1, the
 e2e figures include waiting for the CPU, not only the modelled GPU.
 
 It prints the commit it ran at: docs/scaling.md's before/after figures are
-this script at the commit before gateway/live.py (2049333, since reverted) and
+this script at the commit before gateway/backends/live.py (2049333, since reverted) and
 at the one after.
 """
 

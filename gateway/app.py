@@ -19,7 +19,7 @@ from aiohttp import web
 from classifier.tokens import TokenCounter, load_tiktoken_counter
 from gateway import decision, figures, handlers, passthrough, profiling, responses, ui
 from gateway.auth import Keys, auth_middleware
-from gateway.backends import BackendPool
+from gateway.backends.pool import BackendPool
 from gateway.config import Config
 from gateway.errors import error_middleware
 from gateway.outcome_log import OutcomeLog

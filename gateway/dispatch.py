@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from classifier.policy import Route
-from gateway.backends import Backend, BackendPool, Upstream
+from gateway.backends.pool import Backend, BackendPool, Upstream
 from gateway.config import Config
 from gateway.errors import APIError
 from gateway.state import BACKENDS, RELAYS, SESSION, SHADOWS

@@ -16,11 +16,11 @@ from classifier.features import Endpoint, FeatureOptions, RequestFeatures, extra
 from classifier.policy import Decision, LiveState, Route
 from classifier.tokens import TokenCounter
 from gateway import responses
+from gateway.backends.live import for_decision
 from gateway.config import Config
 from gateway.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, dispatch
 from gateway.errors import LOGGED, APIError, draining, error_response, request_id
 from gateway.learning import learn, predicted_header
-from gateway.live import whole_servers
 from gateway.outcome import count_request, log_request
 from gateway.outcome_log import outcome_line
 from gateway.runtime import Snapshot
@@ -114,12 +114,8 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
 
 def live_state(app: web.Application) -> tuple[int, LiveState]:
     """The GPU pair a request goes to, and that pair's live state as the policy reads
-    it (the pair first, then the route within it): less the shadows a scrape caught (a
-    scraped shadow is no other client), then the whole servers where other replicas'
-    or clients' requests are on them (gateway/live.py)."""
-    pool = app[BACKENDS]
-    pair, state = pool.for_decision()
-    return pair, whole_servers(app[SHADOWS].correct(pair, state), pool.others_before(pair))
+    it (the pair first, then the route within it): gateway/backends/live.py builds it."""
+    return for_decision(app[BACKENDS], app[SHADOWS])
 
 
 def settle(app: web.Application, snapshot: Snapshot, life: RequestLife) -> None:

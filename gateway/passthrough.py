@@ -33,7 +33,7 @@ from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from classifier.policy import Route
-from gateway.backends import Backend, Upstream
+from gateway.backends.pool import Backend, Upstream
 from gateway.dispatch import ROUTE_HEADER, note_failure
 from gateway.errors import LOGGED, APIError, draining, request_id
 from gateway.state import BACKENDS, RUNTIME, SESSION

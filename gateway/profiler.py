@@ -45,7 +45,7 @@ from classifier.profile import (
     median,
 )
 from classifier.tokens import TokenCounter
-from gateway.scraper import parse_metrics
+from gateway.backends.scraper import parse_metrics
 
 __all__ = ["PROBES", "ProfileTarget", "identify", "measure_profile"]
 

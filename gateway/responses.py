@@ -24,7 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from classifier.policy import Route
-from gateway.backends import Backend, Upstream
+from gateway.backends.pool import Backend, Upstream
 from gateway.passthrough import forward, targets_for
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from gateway.wire.life import UPSTREAM_ERROR_EVENT, Meter

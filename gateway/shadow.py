@@ -25,14 +25,14 @@ Shadows hold nothing a user needs: they are not in the backends' in-flight
 counts (admission, the router's load, the drain), not in the user metrics, the
 request log or the recorder. Their answers are read for timing and dropped.
 A scrape that caught a shadow running counts it as another client's request;
-`correct` takes it back out of what the router sees.
+`caught` says so, and gateway/backends/live.py takes it back out of what the router
+sees.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import random
 import time
 from collections import deque
@@ -41,13 +41,14 @@ from dataclasses import dataclass
 import aiohttp
 import structlog
 
-from classifier.policy import BackendState, LiveState, Route
-from gateway.backends import BackendPool, Upstream
+from classifier.policy import LiveState, Route
+from gateway.backends.live import pair_state
+from gateway.backends.pool import BackendPool, Upstream
+from gateway.backends.scraper import Scrape
 from gateway.config import ShadowConfig
 from gateway.learning import learn_shadow
 from gateway.outcome_log import OutcomeLog
 from gateway.runtime import Runtime
-from gateway.scraper import Scrape
 from gateway.shadow_copy import (
     Primary,
     ShadowAnswer,
@@ -181,19 +182,14 @@ class ShadowRunner:
             if run.upstream.pair == upstream.pair and (shared or run.upstream is upstream):
                 self._cancel(task, run)
 
-    def correct(self, pair: int, state: LiveState) -> LiveState:
-        """`state` without the shadows a scrape caught running (counted there as other
-        clients' requests, which they are not: they end when a user needs the GPU)."""
+    def caught(self, pair: int) -> dict[Route, int]:
+        """Per route of `pair`, the shadows a scrape caught running there (counted as
+        other clients' requests, which they are not: gateway/backends/live.py takes
+        them back out of the state a decision reads)."""
         if not self._running and not self._seen:
-            return state
+            return {}
         p = self._pool.pairs[pair]
-        ghosts = {route: sum(self._ghosts(u) for u in p.of(route)) for route in Route}
-        if not any(ghosts.values()):
-            return state
-        return LiveState(
-            speculative=_without(state.speculative, ghosts[Route.SPECULATIVE]),
-            baseline=_without(state.baseline, ghosts[Route.BASELINE]),
-        )
+        return {route: sum(self._ghosts(u) for u in p.of(route)) for route in Route}
 
     # ---- the loop: start what may start, stop what must stop ------------------------
 
@@ -232,7 +228,7 @@ class ShadowRunner:
         """The pair's server of the shadow's route, if a shadow may start there now."""
         index = queued.primary.pair
         pair = self._pool.pairs[index]
-        state = self.correct(index, self._pool.live_state(index))
+        state = pair_state(self._pool, index, self)
         if self._runtime.current.config.routing.guards.reason(state.speculative) is not None:
             return None
         shared = self._shared(index)
@@ -249,7 +245,7 @@ class ShadowRunner:
         return next((u for u in pair.of(queued.route) if u.healthy), None)
 
     def _launch(self, queued: _Queued, upstream: Upstream) -> None:
-        state = self.correct(queued.primary.pair, self._pool.live_state(queued.primary.pair))
+        state = pair_state(self._pool, queued.primary.pair, self)
         run = _Running(queued, upstream, upstream.scrape, state)
         task = asyncio.create_task(self._shadow(run), name="specroute-shadow")
         task.add_done_callback(lambda t: self._finished(t, run))
@@ -370,15 +366,5 @@ class ShadowRunner:
             if seen[0] is upstream.scrape:
                 n += seen[1]
             else:  # a newer scrape: those shadows had ended, it saw none of them
-                del self._seen[upstream.url]  # so `correct` goes back to its early return
+                del self._seen[upstream.url]  # so `caught` goes back to its early return
         return n
-
-
-def _without(state: BackendState, ghosts: int) -> BackendState:
-    if not ghosts:
-        return state
-    return dataclasses.replace(
-        state,
-        others=None if state.others is None else max(0, state.others - ghosts),
-        running=None if state.running is None else max(0, state.running - ghosts),
-    )

@@ -9,7 +9,7 @@ import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter
-from gateway.backends import BackendPool
+from gateway.backends.pool import BackendPool
 from gateway.config import Config
 from gateway.outcome_log import OutcomeLog
 from gateway.recorder import Recorder

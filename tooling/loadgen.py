@@ -210,7 +210,7 @@ async def scrape_spec_counters(
     session: aiohttp.ClientSession, base_url: str
 ) -> tuple[float, float, float]:
     """(drafts, draft tokens, accepted tokens) from a vLLM-compatible /metrics."""
-    from gateway.scraper import parse_metrics
+    from gateway.backends.scraper import parse_metrics
 
     async with session.get(f"{base_url}/metrics") as resp:
         scrape = parse_metrics(await resp.text(), at=time.monotonic())

@@ -32,7 +32,7 @@ import structlog
 from aiohttp import web
 
 from classifier.features import Endpoint, RequestFeatures
-from gateway.backends import Upstream
+from gateway.backends.pool import Upstream
 from gateway.dispatch import (
     FAILOVER_HEADER,
     PREDICTED_HEADER,

@@ -17,10 +17,10 @@ from structlog.testing import capture_logs
 from classifier.attribution import DecodeLog
 from classifier.features import Workload
 from classifier.router import ProfiledPolicy
-from gateway.acceptance_sources import AcceptanceSources
 from gateway.app import create_app
-from gateway.backends import BackendPool, Upstream
-from gateway.scraper import Scrape
+from gateway.backends.acceptance_sources import AcceptanceSources
+from gateway.backends.pool import BackendPool, Upstream
+from gateway.backends.scraper import Scrape
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from gateway.telemetry import Metrics
 from gateway.wire.acceptance import COUNTER_ATTRIBUTION, PER_REQUEST_METRICS, STREAM_STEPS, UNKNOWN

@@ -1,5 +1,5 @@
 """Two gateway replicas in front of one shared-GPU pair agree on which server carries the
-batch, given the same scrape (gateway/live.py). Deterministic: each replica holds its
+batch, given the same scrape (gateway/backends/live.py). Deterministic: each replica holds its
 own requests in flight, both scrape the same two fake vLLM servers, and the live
 state each would decide on is compared; no timing is measured (benchmarks/replicas.py
 measures the effect)."""

@@ -7,7 +7,7 @@ import math
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gateway.scraper import acceptance_between, parse_metrics
+from gateway.backends.scraper import acceptance_between, parse_metrics
 from gateway.state import BACKENDS, SESSION
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_observability import samples

@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient
 from classifier.router import ProfiledPolicy, prior_profile
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
+from gateway.backends.live import pair_state
 from gateway.config import ConfigError, ShadowConfig, parse_config
 from gateway.shadow_results import shadow_log_path
 from gateway.state import BACKENDS, METRICS, RUNTIME, SHADOWS
@@ -257,7 +258,7 @@ async def test_a_scraped_shadow_is_not_another_client(
     base_upstream.metrics_text = base_upstream.metrics_text.replace("running 0", "running 1")
     pool = gateway.app[BACKENDS]
     await wait_until(lambda: pool.live_state(0).baseline.others == 1, "a scrape that saw it")
-    corrected = gateway.app[SHADOWS].correct(0, pool.live_state(0))
+    corrected = pair_state(pool, 0, gateway.app[SHADOWS])
     assert corrected.baseline.others == 0 and corrected.baseline.running == 0
 
 

@@ -5,7 +5,7 @@ vLLM sends an answer's drafted and accepted tokens only with
 speculative server runs without it (deploy/cpu/run_tier.sh --spec-metrics off,
 scripts/test.sh's second tier run), and the default gateway must learn
 acceptance from the server-wide /metrics counters by attributing each scrape
-window to the requests decoding in it (gateway/acceptance_sources.py). One
+window to the requests decoding in it (gateway/backends/acceptance_sources.py). One
 request at a time, every window holds one workload, so the attributed rate
 must match the counters' own rate over the same requests.
 

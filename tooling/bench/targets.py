@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from gateway.scraper import Scrape, acceptance_between, parse_metrics
+from gateway.backends.scraper import Scrape, acceptance_between, parse_metrics
 
 _INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>.*)\}")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')

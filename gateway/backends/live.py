@@ -21,6 +21,10 @@ order, which no replica knows for the others' requests: the holder is then the
 server with the larger load, and every replica reads that from the same
 servers' /metrics.
 
+The shadow copies (gateway/shadow) are the other correction: a scrape that caught
+one running counts it as another client's request, which it is not (it ends when
+a user needs the GPU), so it is taken back out first (`pair_state`).
+
 "Carry" means on two scrapes in a row. One scrape can show the gateway's own
 requests after they ended (vLLM's gauge and the scrape's trip lag the stream's
 last chunk), and a lone gateway that took that for another client's batch
@@ -35,8 +39,39 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Protocol
 
 from classifier.policy import BackendState, LiveState, Route
+from gateway.backends.pool import BackendPool
+
+
+class Ghosts(Protocol):
+    """What knows the requests a scrape counted that are no client's (the shadow runner)."""
+
+    def caught(self, pair: int) -> Mapping[Route, int]:
+        """Per route of `pair`: those its last scrape counted as running there."""
+        ...
+
+
+def for_decision(pool: BackendPool, ghosts: Ghosts) -> tuple[int, LiveState]:
+    """What a new request is decided on: its GPU pair, chosen first, and that pair's
+    live state as the policy reads it (less the ghosts a scrape caught, then the whole
+    servers where others' requests are on them). The one place it is built, so that
+    a request, the Envoy picker and /decide's dry run agree."""
+    pair = pool.choose_pair()
+    return pair, whole_servers(pair_state(pool, pair, ghosts), pool.others_before(pair))
+
+
+def pair_state(pool: BackendPool, pair: int, ghosts: Ghosts) -> LiveState:
+    """`pair`'s state without the shadows a scrape caught running (see above)."""
+    state = pool.live_state(pair)
+    caught = ghosts.caught(pair)
+    if not any(caught.values()):
+        return state
+    return LiveState(
+        speculative=_without(state.speculative, caught[Route.SPECULATIVE]),
+        baseline=_without(state.baseline, caught[Route.BASELINE]),
+    )
 
 
 def foreign(state: LiveState, others_before: Mapping[Route, int]) -> bool:
@@ -56,3 +91,13 @@ def whole_servers(state: LiveState, others_before: Mapping[Route, int]) -> LiveS
 
 def _whole(backend: BackendState) -> BackendState:
     return dataclasses.replace(backend, inflight=backend.load, others=0, last_start=0)
+
+
+def _without(state: BackendState, ghosts: int) -> BackendState:
+    if not ghosts:
+        return state
+    return dataclasses.replace(
+        state,
+        others=None if state.others is None else max(0, state.others - ghosts),
+        running=None if state.running is None else max(0, state.running - ghosts),
+    )

@@ -17,7 +17,7 @@ import structlog
 
 from classifier.attribution import CounterAttribution, DecodeLog
 from classifier.features import Workload
-from gateway.scraper import Scrape, counter_window
+from gateway.backends.scraper import Scrape, counter_window
 from gateway.telemetry import Metrics
 from gateway.wire.acceptance import COUNTER_ATTRIBUTION, PER_REQUEST_METRICS, STREAM_STEPS, UNKNOWN
 

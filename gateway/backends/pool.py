@@ -28,9 +28,8 @@ import structlog
 from classifier.attribution import DecodeLog
 from classifier.features import RequestFeatures, Workload
 from classifier.policy import BackendState, LiveState, Route
-from gateway.acceptance_sources import AcceptanceSources
-from gateway.config import BackendConfig, BackendsConfig, Pairing
-from gateway.scraper import (
+from gateway.backends.acceptance_sources import AcceptanceSources
+from gateway.backends.scraper import (
     Acceptance,
     Scrape,
     acceptance_between,
@@ -38,6 +37,7 @@ from gateway.scraper import (
     scrape_once,
     sleep_until_next,
 )
+from gateway.config import BackendConfig, BackendsConfig, Pairing
 from gateway.telemetry import Metrics
 
 log = structlog.get_logger("specroute.backends")
@@ -263,12 +263,6 @@ class BackendPool:
         usable = [p for p in self.pairs if p.healthy] or self.pairs
         return min(usable, key=lambda p: (p.inflight, p.index)).index
 
-    def for_decision(self) -> tuple[int, LiveState]:
-        """What a new request is decided on: its pair, chosen first, and that pair's
-        state. One method, so that /decide's dry run and a real request agree."""
-        pair = self.choose_pair()
-        return pair, self.live_state(pair)
-
     def live_state(self, pair: int | None = None) -> LiveState:
         """What a decision in `pair` sees: its endpoints only. None: every endpoint of
         each route together (the live figures of /stats)."""
@@ -466,7 +460,7 @@ class BackendPool:
     async def forget_own_load(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
         """Scrape again once the profiler's requests have ended, and drop the scrape
         before: both counted them as other clients' requests, and two such scrapes in
-        a row made the idle pair look carried by someone else (gateway/live.py), so the
+        a row made the idle pair look carried by someone else (gateway/backends/live.py), so the
         first requests after the profile were consolidated and their shadow copies
         skipped (tests/gateway/test_ui_browser.py failed that way, 2026-12-04)."""
         await self.scrape_all(session, timeout_s)
