@@ -22,8 +22,8 @@ from gateway.auth import Keys, auth_middleware
 from gateway.backends.pool import BackendPool
 from gateway.config import Config
 from gateway.errors import error_middleware
-from gateway.outcome_log import OutcomeLog
-from gateway.recorder import Recorder
+from gateway.outcomes.outcome_log import OutcomeLog
+from gateway.outcomes.traffic_sample import Recorder
 from gateway.runtime import Runtime
 from gateway.shadow import ShadowRunner
 from gateway.shadow_results import shadow_log_path

@@ -20,9 +20,9 @@ from gateway.backends.live import for_decision
 from gateway.config import Config
 from gateway.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, dispatch
 from gateway.errors import LOGGED, APIError, draining, error_response, request_id
-from gateway.learning import learn, predicted_header
-from gateway.outcome import count_request, log_request
-from gateway.outcome_log import outcome_line
+from gateway.outcomes.accounting import count_request, log_request
+from gateway.outcomes.learning import learn, predicted_header
+from gateway.outcomes.outcome_log import outcome_line
 from gateway.runtime import Snapshot
 from gateway.state import (
     BACKENDS,

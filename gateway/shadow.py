@@ -46,8 +46,8 @@ from gateway.backends.live import pair_state
 from gateway.backends.pool import BackendPool, Upstream
 from gateway.backends.scraper import Scrape
 from gateway.config import ShadowConfig
-from gateway.learning import learn_shadow
-from gateway.outcome_log import OutcomeLog
+from gateway.outcomes.learning import learn_shadow
+from gateway.outcomes.outcome_log import OutcomeLog
 from gateway.runtime import Runtime
 from gateway.shadow_copy import (
     Primary,

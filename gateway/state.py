@@ -11,8 +11,8 @@ from aiohttp import web
 from classifier.tokens import TokenCounter
 from gateway.backends.pool import BackendPool
 from gateway.config import Config
-from gateway.outcome_log import OutcomeLog
-from gateway.recorder import Recorder
+from gateway.outcomes.outcome_log import OutcomeLog
+from gateway.outcomes.traffic_sample import Recorder
 from gateway.runtime import Runtime
 from gateway.shadow import ShadowRunner
 from gateway.telemetry import Metrics

@@ -247,7 +247,9 @@ class BackendPool:
             metrics.prefill_pending.labels(route.value).set_function(backend.prefill_tokens)
             metrics.inflight.labels(route.value).set(0)
             metrics.backend_up.labels(route.value).set(1)
-        for pair in self.pairs:  # set by learning (gateway/learning.py); NaN: not known yet
+        for (
+            pair
+        ) in self.pairs:  # set by learning (gateway/outcomes/learning.py); NaN: not known yet
             metrics.gpu_shared.labels(str(pair.index)).set(float("nan"))
 
     def of(self, route: Route) -> Backend:

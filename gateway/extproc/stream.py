@@ -45,7 +45,7 @@ from gateway.errors import APIError, draining, request_id_of
 from gateway.extproc import messages
 from gateway.extproc.pb import ext_proc_subset_pb2 as pb
 from gateway.handlers import analyse, ask_for_usage, live_state, route_override, settle
-from gateway.learning import predicted_header
+from gateway.outcomes.learning import predicted_header
 from gateway.state import BACKENDS, BIG_BODIES, RNG, RUNTIME, SHADOWS, TOKENS
 from gateway.wire.life import STREAM_RESET, RequestLife
 from gateway.wire.proxy import loads_object, read_chat_events, usage_in

@@ -20,7 +20,7 @@ import pytest
 from classifier.features import Endpoint, extract_features
 from classifier.tokens import TokenCounter
 from gateway.config import ConfigError, parse_config
-from gateway.recorder import ExactCounter, Placeholders, Recorder, redact_body
+from gateway.outcomes.traffic_sample import ExactCounter, Placeholders, Recorder, redact_body
 from tooling.bench import BenchOptions, run_bench
 from tooling.bench.plan import load_jsonl, poisson_offsets, replay_offsets
 from tooling.loadgen import send_one

@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestServer
 
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
-from gateway.outcome_log import OutcomeLog
+from gateway.outcomes.outcome_log import OutcomeLog
 from tests.gateway.conftest import ClientFactory, make_config
 from tests.gateway.test_routing import chat
 

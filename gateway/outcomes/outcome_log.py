@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.outcome import rounded
+from gateway.outcomes.accounting import rounded
 from gateway.wire.life import RequestRecord
 
 _STOP = object()

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from classifier.features import Endpoint, extract_features
 from classifier.tokens import TokenCounter
-from gateway.outcome_log import OutcomeLog
+from gateway.outcomes.outcome_log import OutcomeLog
 
 REDACTIONS = ("placeholders", "off")
 _STOP = object()
