@@ -543,8 +543,9 @@ class ProfiledPolicy:
         sds: float,
     ) -> float:
         """Seconds per token of each sequence with `route` carrying the whole batch alone,
-        the prefill of the prompts that arrive meanwhile included (one per request per
-        life); each workload's acceptance `sds` posterior sds above its mean."""
+        the prefill of the prompts that arrive meanwhile included on a measured profile
+        (one per request per life); each workload's acceptance `sds` posterior sds above
+        its mean."""
         rp = _route(profile, route)
         step = rp.step.at(total) * math.exp(self._drift[route].log_ratio)
         per_token = 0.0
@@ -552,8 +553,11 @@ class ProfiledPolicy:
             belief = self._workload_belief(workload)
             rho = min(1.0, max(0.0, belief.mean + sds * belief.sd))
             per_token += share / self._tau(rp, rho)
+        decode = step * per_token / sum(mix.values())
+        if profile.source == "prior":  # its first-token curve is a guess, as in _predict
+            return decode
         prompt, output = self._traffic.mean_prompt(mix), self._traffic.mean_output(mix)
-        return step * per_token / sum(mix.values()) + total * _prefill_of(rp, prompt) / output
+        return decode + total * _prefill_of(rp, prompt) / output
 
     def _move_pays(
         self,
