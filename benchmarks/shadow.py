@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from classifier.features import Endpoint, FeatureOptions, extract_features  # noqa: E402
 from classifier.tokens import TokenCounter, load_tiktoken_counter  # noqa: E402
-from gateway.shadow_results import shadow_log_path  # noqa: E402
+from gateway.shadow.results import shadow_log_path  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
 from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.loadgen import Result, send_one  # noqa: E402

@@ -25,8 +25,8 @@ from gateway.errors import error_middleware
 from gateway.outcomes.outcome_log import OutcomeLog
 from gateway.outcomes.traffic_sample import Recorder
 from gateway.runtime import Runtime
-from gateway.shadow import ShadowRunner
-from gateway.shadow_results import shadow_log_path
+from gateway.shadow.results import shadow_log_path
+from gateway.shadow.runner import ShadowRunner
 from gateway.state import (
     BACKENDS,
     BIG_BODIES,

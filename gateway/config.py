@@ -198,7 +198,7 @@ class UiConfig:
 
 @dataclass(frozen=True, slots=True)
 class ShadowConfig:
-    """Shadow copies (gateway/shadow.py): a sampled share of finished requests is sent
+    """Shadow copies (gateway/shadow/runner.py): a sampled share of finished requests is sent
     again, in idle GPU time only, to the route that was not chosen; the answer is
     discarded, the timing pair measures both routes on the same request."""
 

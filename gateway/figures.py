@@ -8,7 +8,7 @@ measured on the speculative route (per request, with its sources) next to the
 acceptance the policy believes, both as vLLM counts it (accepted / drafted).
 
 A speedup needs the same request on both routes. The gateway sends each request
-to one; its shadow copies (gateway/shadow.py) send some again to the other route
+to one; its shadow copies (gateway/shadow/runner.py) send some again to the other route
 in idle time, and each comparable pair gives the live speedup (baseline e2e /
 speculative e2e) and the regret of the choice, per workload and overall. Until
 the first pair they are null, and "why" says why. The mean e2e per route is NOT
@@ -28,7 +28,7 @@ from classifier.features import Workload
 from classifier.policy import Route
 from classifier.router import ProfiledPolicy
 from classifier.speculation import acceptance_rate
-from gateway.shadow_results import PairTotals
+from gateway.shadow.results import PairTotals
 from gateway.state import BACKENDS, CONFIG, METRICS, RUNTIME, SHADOWS
 from gateway.telemetry import Metrics
 

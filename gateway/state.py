@@ -14,7 +14,7 @@ from gateway.config import Config
 from gateway.outcomes.outcome_log import OutcomeLog
 from gateway.outcomes.traffic_sample import Recorder
 from gateway.runtime import Runtime
-from gateway.shadow import ShadowRunner
+from gateway.shadow.runner import ShadowRunner
 from gateway.telemetry import Metrics
 from gateway.wire.limits import ByteRate
 from gateway.wire.relays import Relays

@@ -213,7 +213,7 @@ class Metrics:
             ["end"],
             registry=r,
         )
-        # Shadow copies (gateway/shadow.py): never in the user metrics above.
+        # Shadow copies (gateway/shadow/runner.py): never in the user metrics above.
         self.shadow_requests = Counter(
             "specroute_shadow_requests",
             "Shadow copies, by workload and outcome: completed, cancelled (a user request "

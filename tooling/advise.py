@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from classifier.policy import Route
-from gateway.shadow_results import PairedTiming, PairSums, shadow_log_path
+from gateway.shadow.results import PairedTiming, PairSums, shadow_log_path
 from tooling.bench.advice import Facts, from_bench, from_outcomes
 
 GIB = 1024**3
@@ -108,7 +108,7 @@ def load(paths: list[Path]) -> tuple[str, Any]:
 
 def load_shadows(paths: list[Path]) -> list[dict[str, Any]]:
     """The shadow copies' lines: in the files given, and in the shadow file beside each
-    outcome log given (gateway/shadow_results.py names it)."""
+    outcome log given (gateway/shadow/results.py names it)."""
     files = list(paths)
     for path in paths:
         beside = shadow_log_path(path)

@@ -38,7 +38,7 @@ def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:
 
 
 def learn_shadow(policy: Policy, metrics: Metrics, lesson: Lesson) -> None:
-    """A shadow copy's answer (gateway/shadow.py): the profiled policy learns it as a
+    """A shadow copy's answer (gateway/shadow/runner.py): the profiled policy learns it as a
     measurement at no user's expense; other policies learn it as any answer."""
     if isinstance(policy, ProfiledPolicy):
         policy.learn_shadow(lesson)

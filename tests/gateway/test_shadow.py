@@ -23,7 +23,7 @@ from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.backends.live import pair_state
 from gateway.config import ConfigError, ShadowConfig, parse_config
-from gateway.shadow_results import shadow_log_path
+from gateway.shadow.results import shadow_log_path
 from gateway.state import BACKENDS, METRICS, RUNTIME, SHADOWS
 from tests.gateway.conftest import GatewayFactory, ServerFactory, make_config
 from tests.gateway.fake_upstream import FakeUpstream, backend_app

@@ -18,8 +18,8 @@ import pytest
 from classifier.tokens import load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.shadow_copy import shadow_body
-from gateway.shadow_results import shadow_log_path
+from gateway.shadow.copy import shadow_body
+from gateway.shadow.results import shadow_log_path
 from tests.support import wait_until
 from tests.vllm.conftest import parse_metrics
 from tests.vllm.prompts import repeat_code

@@ -28,7 +28,7 @@ from typing import Any
 from classifier.features import Workload
 from classifier.policy import LiveState, Route
 from gateway.outcomes.accounting import rounded
-from gateway.shadow_copy import Primary, ShadowAnswer
+from gateway.shadow.copy import Primary, ShadowAnswer
 from gateway.telemetry import Metrics
 from gateway.wire.life import Lesson
 

@@ -3,7 +3,7 @@
 A sampled share (`[shadow] share`) of finished, successful user requests that
 ran alone on their GPU (nothing else in flight there as each was sent and as it
 ended: the only ones a copy can be compared with; the others count as skipped)
-is queued for a copy to the route that was not chosen (gateway/shadow_copy.py
+is queued for a copy to the route that was not chosen (gateway/shadow/copy.py
 says how the copy is made comparable). A copy starts only when it costs users
 nothing:
 
@@ -49,7 +49,7 @@ from gateway.config import ShadowConfig
 from gateway.outcomes.learning import learn_shadow
 from gateway.outcomes.outcome_log import OutcomeLog
 from gateway.runtime import Runtime
-from gateway.shadow_copy import (
+from gateway.shadow.copy import (
     Primary,
     ShadowAnswer,
     ShadowFailed,
@@ -59,7 +59,7 @@ from gateway.shadow_copy import (
     send,
     shadow_body,
 )
-from gateway.shadow_results import PairTotals, paired, shadow_lesson, shadow_line
+from gateway.shadow.results import PairTotals, paired, shadow_lesson, shadow_line
 from gateway.telemetry import Metrics
 from gateway.wire.life import RequestRecord
 
