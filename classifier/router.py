@@ -101,6 +101,34 @@ _OVERLAP_SHARE = 0.5
 # The traffic's workload shares follow the last ~100 answers: a few lives of a
 # c=32 batch, so a change of traffic moves the carrier within a minute or so.
 _TRAFFIC_MEMORY = 100.0
+# Busy before anything is in flight: the traffic's requests in flight at its decisions,
+# on average (itself counted), at or above this. 1.5: a request shares its life with
+# another more often than not, so the batch about to form belongs on one server too.
+_BUSY_LOAD = 1.5
+# A workload no probe measured: acceptance rate 0.5 worth one request, the middle of
+# [0, 1] at the least weight that still gives the posterior a mean.
+_NEUTRAL_RATE, _NEUTRAL_WEIGHT = 0.5, 1.0
+# The finer acceptance key's temperature buckets (greedy, low, moderate, high): upper
+# bounds of the first three. 1.0 is where the target samples its own distribution
+# (vLLM's default); 0.05 counts near-greedy settings as greedy.
+_TEMPERATURE_BUCKETS = (0.05, 0.5, 1.0)
+# The floor on a belief's between-request variance (rate units squared: a 0.01 sd), a
+# choice: a run of identical rates would otherwise claim certainty and stop exploring.
+_VARIANCE_FLOOR = 1e-4
+# Drift learns only from answers of at least this many decode steps (a few steps' time
+# is mostly the first token's), each answer's ratio clamped to [1/x, x]: a choice, so
+# one answer held up by a stalled server moves the drift by at most log(4) / weight.
+_DRIFT_MIN_STEPS = 4.0
+_DRIFT_CLAMP = 4.0
+# A route's failure rate per workload starts from one success: no route is written off
+# by its first failure.
+_FAILURE_PRIOR_SUCCESSES = 1.0
+# The built-in prior (prior_profile): the talk's 8B target on the measured H200
+# (tooling/emulator/gpu/measured): first token 15 ms + 0.03 ms per prompt token (119 ms
+# at 4k measured), a step 6 ms + 0.05 ms per sequence (6.06 ms at batch 1, 7.61 at 32).
+_PRIOR_TTFT_S, _PRIOR_TTFT_PER_TOKEN_S = 0.015, 0.00003
+_PRIOR_STEP_S, _PRIOR_STEP_PER_SEQ_S = 0.006, 0.00005
+_PRIOR_BESIDE = 2.0  # one time-sliced GPU, as deploy/gpu runs the pair
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +218,7 @@ class AcceptanceBelief:
         """The uncertainty of the mean (not the spread of single requests)."""
         m = self.mean
         second = self.squares + self.prior_n * (self.prior_sd**2 + self.prior_mean**2)
-        spread = max(second / self.weight - m * m, 1e-4)
+        spread = max(second / self.weight - m * m, _VARIANCE_FLOOR)
         return math.sqrt(spread / self.weight)
 
     def sample(self, rng: random.Random) -> float:
@@ -251,11 +279,10 @@ class _Prediction:
 def prior_profile(k: int, draft_cost_ratio: float) -> EngineProfile:
     """What the router assumes before the profile is in, labelled "prior" so every
     decision made on it says "unprofiled": the talk's 8B target on the measured H200
-    (tooling/emulator/gpu/measured: 15 ms + 0.03 ms per prompt token to the first
-    token, 119 ms at 4k measured; a 6 ms step + 0.05 ms per sequence, 6.06 ms at batch
-    1 and 7.61 ms at 32 measured), the speculative step x (1 + k*c), one shared GPU."""
+    (the _PRIOR_* figures), the speculative step x (1 + k*c), one shared GPU."""
     batches = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-    base_step = tuple(0.006 + 0.00005 * b for b in batches)
+    base_step = tuple(_PRIOR_STEP_S + _PRIOR_STEP_PER_SEQ_S * b for b in batches)
+    longest = 4096.0
     spec_factor = 1.0 + k * draft_cost_ratio
 
     def route(name: str, spec: bool) -> RouteProfile:
@@ -264,9 +291,12 @@ def prior_profile(k: int, draft_cost_ratio: float) -> EngineProfile:
             identity=ServerIdentity(
                 "", "", "unknown", "prior" if spec else "none", k if spec else 0
             ),
-            ttft=Curve((1.0, 4096.0), (0.01503, 0.015 + 0.00003 * 4096)),
+            ttft=Curve(
+                (1.0, longest),
+                tuple(_PRIOR_TTFT_S + _PRIOR_TTFT_PER_TOKEN_S * n for n in (1.0, longest)),
+            ),
             step=Curve(batches, tuple(s * (spec_factor if spec else 1.0) for s in base_step)),
-            beside=2.0,  # one time-sliced GPU, as deploy/gpu runs the pair
+            beside=_PRIOR_BESIDE,
         )
 
     return EngineProfile(
@@ -364,7 +394,7 @@ class ProfiledPolicy:
             belief.prior_mean = min(1.0, max(0.0, (probe[0] - 1.0) / self._k))
             belief.prior_n = self._config.probe_weight
         else:  # no probe of this kind: a neutral guess worth one request
-            belief.prior_mean, belief.prior_n = 0.5, 1.0
+            belief.prior_mean, belief.prior_n = _NEUTRAL_RATE, _NEUTRAL_WEIGHT
         belief.prior_sd = self._config.prior_sd
 
     # ---- deciding (reads only) ---------------------------------------------------------
@@ -392,7 +422,7 @@ class ProfiledPolicy:
         # than not (1.5 or more in flight at its decisions, on average, itself included):
         # the batch about to form belongs on one server too.
         busy = any(state.of(r).inflight > 0 for r in routes) or (
-            self._traffic.expected_load() >= 1.5
+            self._traffic.expected_load() >= _BUSY_LOAD
         )
         if guard is not None:
             route, reason, rule = BASE, guard, "guard"
@@ -608,8 +638,7 @@ class ProfiledPolicy:
     def _key(self, f: RequestFeatures) -> tuple[Workload, int]:
         """The finer key: workload and sampling temperature (greedy, low, moderate,
         high): acceptance falls with temperature within a workload."""
-        t = f.temperature
-        bucket = 0 if t <= 0.05 else 1 if t <= 0.5 else 2 if t <= 1.0 else 3
+        bucket = sum(1 for bound in _TEMPERATURE_BUCKETS if f.temperature > bound)
         return f.workload, bucket
 
     def _belief_for(self, f: RequestFeatures) -> AcceptanceBelief:
@@ -629,7 +658,7 @@ class ProfiledPolicy:
         known = self._beliefs.get((workload, -1))
         if known is not None:
             return known
-        fresh = AcceptanceBelief(0.5, 1.0, self._config.prior_sd)
+        fresh = AcceptanceBelief(_NEUTRAL_RATE, _NEUTRAL_WEIGHT, self._config.prior_sd)
         self._set_prior(fresh, workload)
         return fresh
 
@@ -644,7 +673,7 @@ class ProfiledPolicy:
         if counts is None:
             return 0.0
         failed, seen = counts
-        return failed / (seen + 1.0)  # one success of benefit of the doubt
+        return failed / (seen + _FAILURE_PRIOR_SUCCESSES)
 
     # ---- learning (the only writer) ----------------------------------------------------
 
@@ -697,7 +726,7 @@ class ProfiledPolicy:
         predicted one off the prediction (a first token mispredicted, as a prompt far
         past the profile's longest probe is, would otherwise read as a slow decode:
         1.8x on 4k-token prompts in bursts on one emulated GPU)."""
-        if explained.decode_steps < 4:  # a few steps' time is mostly the first token's
+        if explained.decode_steps < _DRIFT_MIN_STEPS:
             return
         ttft = outcome.ttft_s
         if ttft is None:
@@ -707,7 +736,7 @@ class ProfiledPolicy:
         profiled = (explained.e2e_s - explained.first_token_s) / math.exp(drift.log_ratio)
         if measured <= 0 or profiled <= 0:
             return
-        ratio = min(4.0, max(0.25, measured / profiled))
+        ratio = min(_DRIFT_CLAMP, max(1.0 / _DRIFT_CLAMP, measured / profiled))
         # The profile counts as contradiction_after answers (it takes that many past
         # the bound to call it wrong): a transient, such as the first answers on a
         # server a busy GPU's batch is moving to, one prefill after another, moves it
