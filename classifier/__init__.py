@@ -1,7 +1,9 @@
-"""Pure routing logic: request body + backend state -> decision and reason.
+"""Routing logic without I/O: request body + backend state -> decision and reason.
 
-No aiohttp and no I/O at decision time (docs/ARCHITECTURE.md); the one exception
-is load_tiktoken_counter, which seeds tiktoken's cache once at start.
+No aiohttp, no sockets, no clock (docs/ARCHITECTURE.md): deterministic given the
+caller's rng. Policies hold what they learned (learn() and its siblings write it;
+decide() only reads). The one I/O is load_tiktoken_counter, which seeds tiktoken's
+cache once at start.
 """
 
 from classifier.acceptance_model import (

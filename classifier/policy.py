@@ -1,14 +1,18 @@
 """Features + live backend state -> Decision(route, reason).
 
-A policy is a small pure object (RouteLLM's router shape): no I/O, no clock,
-no randomness, so the same inputs always give the same decision and every
-decision says why in a short, low-cardinality reason (a metric label).
+A policy is a small object (RouteLLM's router shape) with no I/O and no clock:
+decide() reads and never writes, and its only randomness is the caller's rng (a
+Thompson draw), so the same inputs and rng state give the same decision, and every
+decision says why in a short, low-cardinality reason (a metric label). What it
+learns it learns in learn() and the other learning hooks, from the gateway's
+measurements; it is not pure in the sense of stateless.
 
 A host with N GPUs runs N pairs (a speculative and a baseline server on each
 GPU). The gateway picks the pair first and hands the policy that pair's
-LiveState and its index (`pair`, 0 .. N-1; 0 for a single pair); a policy
-with state per GPU (the cost model's consolidation and topology) keeps it per
-pair, and each FinishedRequest names the pair its decision was made for.
+LiveState and its index (`pair`, 0 .. N-1; 0 for a single pair). The profiled
+policy keeps one profile and one set of beliefs for all pairs (the pairs run the
+same model and configuration); each FinishedRequest names the pair its decision
+was made for.
 """
 
 from __future__ import annotations
