@@ -8,7 +8,7 @@ steps, tau the tokens one step yields. vLLM reports acceptance as accepted /
 proposed drafts over the steps that drafted; an n-gram drafter proposes
 nothing where the text has no match, so that rate alone overstates tau. This
 prints, for the profiler's probe prompts (one per workload kind, gateway/
-profiler.py's PROBES) and the same chat prompt at the servers' default
+profiling/probes.py's PROBES) and the same chat prompt at the servers' default
 temperature 1.0, on each server: the median step (chunk gap), tokens per step
 from the stream's chunks, the steps that drafted, vLLM's rate, the tau that
 rate implies (1 + k x rate) and the tau the answer's own counts give
@@ -41,7 +41,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.profiler import PROBES  # noqa: E402
+from gateway.profiling.probes import PROBES  # noqa: E402
 from gateway.wire.acceptance import from_report  # noqa: E402
 
 

@@ -17,13 +17,14 @@ import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from gateway import decision, figures, handlers, passthrough, profiling, responses, ui
+from gateway import decision, figures, handlers, passthrough, responses, ui
 from gateway.auth import Keys, auth_middleware
 from gateway.backends.pool import BackendPool
 from gateway.config import Config
 from gateway.errors import error_middleware
 from gateway.outcomes.outcome_log import OutcomeLog
 from gateway.outcomes.traffic_sample import Recorder
+from gateway.profiling.lifecycle import profile_ctx
 from gateway.runtime import Runtime
 from gateway.shadow.results import shadow_log_path
 from gateway.shadow.runner import ShadowRunner
@@ -79,7 +80,7 @@ def create_app(
     app.cleanup_ctx.append(_outcome_log)
     app.cleanup_ctx.append(_recorder)
     app.cleanup_ctx.append(_shadows)  # after the session and the outcome log: closed first
-    app.cleanup_ctx.append(profiling.profile_ctx)  # after the session: stopped before it
+    app.cleanup_ctx.append(profile_ctx)  # after the session: stopped before it
     app[RNG] = random.Random(config.routing.tuning.seed)
     app[responses.RESPONSE_OWNERS] = responses.ResponseOwners()
     if forward:

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ext-proc":
             return _ext_proc(args)
         if args.command == "profile":
-            from gateway.profile_cli import run_profile
+            from gateway.profiling.cli import run_profile
 
             config = resolve_config(args.config, None, None, args.backend)
             return run_profile(config, args.out, show=args.show)

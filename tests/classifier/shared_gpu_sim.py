@@ -15,7 +15,7 @@ each run at half speed where one full batch costs little more than a half one.
 The requests are the built-in workloads' own bodies (tooling/workloads.py),
 featurised by the gateway's extractor; each one's true acceptance is the
 emulator's (tooling/emulator/acceptance.py). The router under test is the
-profiled policy on `engine_profile`: what gateway/profiler.py would measure
+profiled policy on `engine_profile`: what gateway/profiling/probes.py would measure
 of these engines (step per batch, first token per prompt, a busy neighbour's
 slowdown 2 on one GPU and 1 on a GPU each, the probes' tokens per step), from
 the same costs; `probes=` makes the probes see another acceptance than the
@@ -53,7 +53,7 @@ from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentit
 from classifier.router import ProfiledPolicy, RouterConfig
 from classifier.speculation import expected_tokens_per_step
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from gateway.profiler import PROBES
+from gateway.profiling.probes import PROBES
 from gateway.wire.life import Lesson
 from tooling.emulator.acceptance import (
     base_acceptance,
@@ -77,7 +77,7 @@ MIXED = ["structured", "sql", "code", "creative", "rag", "chat"]
 MEASURED_SPEC = EmulatorConfig(mode="speculative")
 # The emulator's first GPU (NOT measured), for comparison.
 ROOFLINE_SPEC = EmulatorConfig(mode="speculative", gpu_profile="roofline")
-# The step probes' context (gateway/profiler.py: a 4-token prompt, 24 tokens out).
+# The step probes' context (gateway/profiling/probes.py: a 4-token prompt, 24 tokens out).
 PROFILE_CONTEXT = 20
 
 
@@ -117,7 +117,7 @@ def jobs(
     return out
 
 
-# What the profiler measures (gateway/profiler.py): batches 1, 2, 4, ... 32 and
+# What the profiler measures (gateway/profiling/probes.py): batches 1, 2, 4, ... 32 and
 # prompts of about 16, 256, 1024 and 4096 tokens; 48-token acceptance probes.
 PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
 PROFILE_PROMPTS = (16, 256, 1024, 4096)
@@ -139,7 +139,7 @@ def _ttft_s(c: EmulatorConfig, route: Route, prompt_tokens: int) -> float:
 
 
 def probe_acceptance(c: EmulatorConfig, counter: TokenCounter) -> dict[Workload, float]:
-    """Per-position acceptance a the profiler's probes (gateway/profiler.py PROBES) meet
+    """Per-position acceptance a the profiler's probes (gateway/profiling/probes.py PROBES) meet
     on this emulator, per router workload: the emulator's level before jitter."""
     out: dict[Workload, float] = {}
     for body in PROBES:
@@ -157,7 +157,7 @@ def engine_profile(
     probes: Mapping[Workload, float] | None = None,
     counter: TokenCounter | None = None,
 ) -> EngineProfile:
-    """What gateway/profiler.py would measure of these engines, noise aside: the step
+    """What gateway/profiling/probes.py would measure of these engines, noise aside: the step
     per batch and first token per prompt from the emulator's costs, each route's step
     beside a busy neighbour (2: one time-sliced GPU; 1: a GPU each), and per workload
     the probes' tokens per step, from `probes` (per-position a) where given, else the

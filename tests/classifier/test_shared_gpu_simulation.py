@@ -1,5 +1,5 @@
 """The profiled policy on ONE GPU under load (shared_gpu_sim: the measured H200's step
-costs in virtual time, the two servers time-sliced; the profile what gateway/profiler.py
+costs in virtual time, the two servers time-sliced; the profile what gateway/profiling/probes.py
 would measure of them). Splitting a busy GPU's batch over two servers makes everyone
 slower, so under load the policy must keep up with the better static route, and routing
 each request as if the servers had a GPU each (a profile with beside 1) must do clearly

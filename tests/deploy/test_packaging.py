@@ -294,7 +294,7 @@ def test_server_commands_run_without_grpc() -> None:
     """`serve` and `profile` import nothing of gRPC: the envoy extra is for ext-proc only."""
     code = (
         "import sys; sys.modules['grpc'] = None; sys.modules['google.protobuf'] = None; "
-        "import gateway.app, gateway.serve, gateway.profile_cli, gateway.cli"
+        "import gateway.app, gateway.serve, gateway.profiling.cli, gateway.cli"
     )
     result = run([sys.executable, "-c", code], cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr

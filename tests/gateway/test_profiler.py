@@ -16,7 +16,7 @@ from classifier.features import Workload
 from classifier.profile import EngineProfile
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
-from gateway.profiler import ProfileTarget, measure_profile
+from gateway.profiling.probes import ProfileTarget, measure_profile
 from tests.support import wait_until
 from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
 from tooling.local_stack import gateway_config, local_stack, serve_app

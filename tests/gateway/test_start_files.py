@@ -24,7 +24,7 @@ from classifier.router import STATE_FORMAT, prior_profile
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import Config, ConfigError
-from gateway.profiling import current_identities
+from gateway.profiling.lifecycle import current_identities
 from tests.gateway.conftest import ClientFactory, GatewayFactory, make_config
 from tests.gateway.test_routing import chat
 from tests.support import wait_until

@@ -16,7 +16,7 @@ import pytest
 from classifier.features import Workload
 from classifier.profile import EngineProfile
 from classifier.tokens import load_tiktoken_counter
-from gateway.profiler import ProfileTarget, measure_profile
+from gateway.profiling.probes import ProfileTarget, measure_profile
 
 pytestmark = pytest.mark.vllm
 

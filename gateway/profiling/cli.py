@@ -11,8 +11,8 @@ import aiohttp
 from classifier.profile import Curve, EngineProfile
 from classifier.tokens import load_tiktoken_counter
 from gateway.config import Config
-from gateway.profiler import ProbeFailed, identify, measure_profile
-from gateway.profiling import load_profile, save_json, targets
+from gateway.profiling.lifecycle import load_profile, save_json, targets
+from gateway.profiling.probes import ProbeFailed, identify, measure_profile
 
 
 def run_profile(config: Config, out: Path | None, *, show: bool) -> int:

@@ -31,7 +31,7 @@ from classifier.profile import EngineProfile, ProfileError, ServerIdentity
 from classifier.router import ProfiledPolicy
 from gateway.config import Config
 from gateway.files import read_optional
-from gateway.profiler import ProbeFailed, ProfileTarget, identify, measure_profile
+from gateway.profiling.probes import ProbeFailed, ProfileTarget, identify, measure_profile
 from gateway.state import BACKENDS, CONFIG, METRICS, RUNTIME, SESSION, TOKENS
 
 log = structlog.get_logger("specroute.profile")
