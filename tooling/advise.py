@@ -15,6 +15,10 @@ Beside an outcome log the gateway writes its shadow copies' lines
 on the route not chosen, in idle GPU time; timings only): advise reads that
 file too, given or found beside the log, and adds the live side-by-side they
 measured, per workload: the paired speedup and the regret of the choices.
+
+Every speedup and regret is printed with its 95% bootstrap interval, and a
+workload whose speedup interval holds 1.0 (or that has too few requests for one)
+gets INCONCLUSIVE, not a verdict (tooling/bench/advice.py).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from classifier.policy import Route
-from gateway.shadow.results import PairedTiming, PairSums, shadow_log_path
-from tooling.bench.advice import Facts, from_bench, from_outcomes
+from gateway.shadow.results import SIDES, PairedTiming, PairSums, shadow_log_path
+from tooling.bench.advice import Facts, from_bench, from_outcomes, speedup_text
+from tooling.bench.intervals import Interval, conclusion, ratio_of_sums
 
 GIB = 1024**3
 
@@ -65,11 +70,11 @@ def main(args: argparse.Namespace) -> int:
                 n: (targets.get(n) or {}).get("cache_config") for n in ("speculative", "baseline")
             }
             kv_peak = max((r.get("spec_kv_peak") or 0.0 for r in data["overall"]), default=None)
-            regret = data.get("regret")
+            regret = (data.get("regret"), Interval.of(data.get("regret_ci")))
         else:
             per, overall = from_outcomes(data, args.k, args.c)
             source = f"outcome log {', '.join(map(str, args.input))} ({len(data)} records)"
-            emulated, caches, kv_peak, regret = False, {}, None, None
+            emulated, caches, kv_peak, regret = False, {}, None, (None, None)
     except (OSError, ValueError, KeyError) as exc:
         print(f"specroute advise: {exc}", file=sys.stderr)
         return 2
@@ -139,26 +144,40 @@ def render_shadows(shadows: list[dict[str, Any]]) -> list[str]:
         by[str(record.get("workload"))].append(record)
     lines = [
         head,
-        f"{'workload':<13}{'ran':>5}{'done':>6}{'cancel':>8}{'failed':>8}{'pairs':>7}"
-        f"{'speedup':>9}{'regret':>8}",
+        f"{'workload':<13}{'ran':>5}{'done':>6}{'cancel':>8}{'failed':>8}{'pairs':>7}  "
+        f"{'speedup (95% interval)':<37}regret (95% interval)",
     ]
     for name, records in [*sorted(by.items()), ("all", shadows)]:
         outcomes = [r.get("outcome") for r in records]
         sums = PairSums()
+        sides: dict[str, list[float]] = {side: [] for side in SIDES}
         for r in records:
             if r.get("comparable"):
                 chosen = Route(r["primary_route"])
-                sums.add(PairedTiming.of(chosen, float(r["primary_s"]), float(r["shadow_s"])))
-        speedup = "-" if sums.speedup is None else f"{sums.speedup:.2f}x"
-        regret = "-" if sums.regret is None else f"{sums.regret:.3f}"
+                timing = PairedTiming.of(chosen, float(r["primary_s"]), float(r["shadow_s"]))
+                sums.add(timing)
+                for side, seconds in zip(SIDES, timing.sides(), strict=True):
+                    sides[side].append(seconds)
+        speed_ci = ratio_of_sums(sides["baseline"], sides["speculative"])
+        regret_ci = ratio_of_sums(sides["chosen"], sides["faster"])
+        speedup = speedup_text(sums.speedup, speed_ci)
+        if sums.speedup is not None:
+            speedup += f" {conclusion(speed_ci)}"
+        regret = "-"
+        if sums.regret is not None:
+            regret = f"{sums.regret:.3f}" + (
+                f" [{regret_ci.lo:.3f}-{regret_ci.hi:.3f}]" if regret_ci else " [n<5]"
+            )
         lines.append(
             f"{name:<13}{len(records):>5}{outcomes.count('completed'):>6}"
-            f"{outcomes.count('cancelled'):>8}{outcomes.count('failed'):>8}{sums.pairs:>7}"
-            f"{speedup:>9}{regret:>8}"
+            f"{outcomes.count('cancelled'):>8}{outcomes.count('failed'):>8}{sums.pairs:>7}  "
+            f"{speedup:<37}{regret}"
         )
     lines.append(
         "pairs: the user request ran alone on its GPU and the copy produced as many tokens; "
-        "speedup = baseline / speculative e2e, regret = the gateway's route / the faster"
+        "speedup = baseline / speculative e2e (higher is better), regret = the gateway's "
+        "route / the faster (1.0 is the best); [lo-hi]: 95% bootstrap interval over the "
+        "pairs, [n<5]: too few pairs for one"
     )
     return lines
 
@@ -190,45 +209,66 @@ def render(
     emulated: bool,
     per: list[Facts],
     overall: Facts,
-    regret: float | None,
+    regret: tuple[float | None, Interval | None],
     kv_peak: float | None,
     caches: dict[str, dict[str, str] | None],
     args: argparse.Namespace,
 ) -> str:
     mark = " (EMULATED backends: not real GPU figures)" if emulated else ""
     loads = [label for label, _ in overall.speedups]
+
+    def speeds(f: Facts) -> str:
+        cis = dict(f.intervals)
+        return "  ".join(speedup_text(s, cis.get(x), f.has_intervals) for x, s in f.speedups)
+
+    width = max(len(speeds(f)) for f in [*per, overall]) + 2
+    head = f"speedup at {' / '.join(loads)} [95% interval]"
+    width = max(width, len(head) + 2)
     lines = [
         f"specroute advise: {source}{mark}",
-        f"speedup of the speculative server: {overall.speedup_source}; "
-        f"verdicts at {overall.at_label}",
+        f"speedup of the speculative server: {overall.speedup_source}, higher is better; "
+        f"verdicts at {overall.at_label}; INCONCLUSIVE where the 95% interval holds 1.0",
         "",
-        f"{'workload':<13}{'share':>6}{'accept':>8}  {'speedup ' + ' '.join(loads):<24}"
-        f"{'prefill':>8}  verdict",
+        f"{'workload':<13}{'share':>6}{'accept':>8}  {head:<{width}}{'prefill':>8}  verdict",
     ]
     for f in [*per, overall]:
-        speed = " ".join("-" if s is None else f"{s:.2f}x" for _, s in f.speedups)
         accept = "-" if f.acceptance is None else f"{f.acceptance:.2f}"
         verdict = f.verdict if f is not overall else overall_verdict(per, overall, regret)
         lines.append(
-            f"{f.workload:<13}{f.share:>6.0%}{accept:>8}  {speed:<24}{_pct(f.prefill_share):>8}"
-            f"  {verdict}"
+            f"{f.workload:<13}{f.share:>6.0%}{accept:>8}  {speeds(f):<{width}}"
+            f"{_pct(f.prefill_share):>8}  {verdict}"
         )
     lines += ["", "the checklist, from the data:", *checklist(per, overall, kv_peak)]
     lines += ["", "memory the speculative server costs:", *memory(caches, args, emulated)]
     return "\n".join(lines)
 
 
-def overall_verdict(per: list[Facts], overall: Facts, regret: float | None) -> str:
+def overall_verdict(
+    per: list[Facts], overall: Facts, regret: tuple[float | None, Interval | None]
+) -> str:
     gaining = [f for f in per if f.speculate]
+    unknown = [f for f in per if f.inconclusive]
     share = sum(f.share for f in gaining)
-    all_spec = "-" if overall.speedup is None else f"{overall.speedup:.2f}x"
-    tail = f"; speculating everything: {all_spec}"
+
+    def said(value: float | None, ci: Interval | None) -> str:
+        text = speedup_text(value, ci, overall.has_intervals)
+        unknown = value is not None and overall.has_intervals and conclusion(ci) == "inconclusive"
+        return f"{text} inconclusive" if unknown else text
+
+    tail = f"; speculating everything: {said(overall.speedup, overall.interval)}"
     if overall.gateway_speedup is not None:
-        tail += f", the gateway: {overall.gateway_speedup:.2f}x"
-    if regret is not None:
-        tail += f" (regret vs the per-request oracle {regret:.3f})"
+        tail += f", the gateway: {said(overall.gateway_speedup, overall.gateway_interval)}"
+    value, ci = regret
+    if value is not None:
+        interval = f" [{ci.lo:.3f}-{ci.hi:.3f}]" if ci else ""
+        tail += f" (regret vs the per-request oracle {value:.3f}{interval})"
+    if unknown:
+        names = ", ".join(f.workload for f in unknown)
+        tail += f"; INCONCLUSIVE for {names} ({sum(f.share for f in unknown):.0%} of traffic)"
     if gaining and len(gaining) == len(per):
         return f"SPECULATE everything: every workload gains{tail}"
+    if not gaining and len(unknown) == len(per):
+        return f"INCONCLUSIVE: no workload measured well enough to decide{tail}"
     if not gaining:
         return f"DON'T speculate: no workload gains enough{tail}"
     names = ", ".join(f.workload for f in gaining)

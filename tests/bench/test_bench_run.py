@@ -1,7 +1,8 @@
 """`specroute bench` end to end on EMULATED backends, then `specroute advise` on its JSON.
 
-One short run (three workloads, two concurrencies, four requests per cell and
-target) through the real CLI: emulators and gateway on loopback, plus the
+One short run (three workloads, two concurrencies, six requests per cell and
+target: five is the fewest a speedup gets an interval from, below that advise
+says INCONCLUSIVE) through the real CLI: emulators and gateway on loopback, plus the
 single-server alternative (`--with-dynamic`: one emulated vLLM with dynamic
 speculative decoding), the JSON, the PNG and the table checked; then advise
 reads the JSON back (in-process: advise configures nothing global).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +34,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str
     """The real command line, in a subprocess (it configures logging for its process)."""
     out = tmp_path_factory.mktemp("bench")
     args = ["bench", "--emulate", "--emulator-time-scale", "0.25", "--with-dynamic"]
-    args += ["--workload", ",".join(WORKLOADS), "--concurrency", "1,4", "--requests", "4"]
+    args += ["--workload", ",".join(WORKLOADS), "--concurrency", "1,4", "--requests", "6"]
     args += ["--json", str(out / "bench.json"), "--plot", str(out / "bench.png")]
     res = subprocess.run(
         [sys.executable, "-m", "gateway.cli", *args],
@@ -43,8 +45,10 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str
         check=False,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "[bench EMULATED] c=4 rag -> gateway: 4/4 ok" in res.stderr  # one line per run
-    assert "[bench EMULATED] c=4 rag -> dynamic: 4/4 ok" in res.stderr
+    assert "[bench EMULATED] c=4 rag -> gateway: 6/6 ok" in res.stderr  # one line per run
+    assert "[bench EMULATED] c=4 rag -> dynamic: 6/6 ok" in res.stderr
+    # with the whole bench's progress: 4 targets x 3 workloads x 2 loads x 6 requests
+    assert "the bench: 144/144 req, " in res.stderr and " left" in res.stderr
     assert "target dynamic is EMULATED: dynamic speculative decoding" in res.stderr
     return json.loads((out / "bench.json").read_text()), res.stdout, out
 
@@ -67,11 +71,17 @@ def test_the_json_has_every_row_paired_and_the_regret(
     ]
     for row in doc["rows"] + doc["overall"]:
         for stats in row["targets"].values():
-            assert stats["n"] == stats["ok"] == (4 if row["workload"] != "all" else 12)
+            assert stats["n"] == stats["ok"] == (6 if row["workload"] != "all" else 18)
             assert stats["e2e_p50_s"] > 0 and stats["ttft_p50_s"] > 0 and stats["tpot_p50_s"] > 0
             assert stats["output_tokens_per_s"] > 0
         assert set(row["speedup"]) == {"speculative", "dynamic", "gateway"}
+        assert set(row["speedup_ci"]) == {"speculative", "dynamic", "gateway"}
+        for name, (lo, hi) in row["speedup_ci"].items():
+            assert lo <= row["speedup"][name] <= hi
         assert row["regret"] is not None and row["regret"] > 0.5
+        for key in ("regret", "dynamic_regret", "gateway_vs_dynamic"):
+            lo, hi = row[f"{key}_ci"]
+            assert lo <= row[key] <= hi
         assert row["oracle_e2e_mean_s"] > 0
         # The dynamic server against the same oracle and against the gateway.
         assert 0.5 < row["dynamic_regret"] < 3 and 0.3 < row["gateway_vs_dynamic"] < 3
@@ -81,6 +91,8 @@ def test_the_json_has_every_row_paired_and_the_regret(
         assert acc["counters"] == pytest.approx(acc["per_request"], abs=0.02)
         assert acc["dynamic_counters"] == pytest.approx(acc["dynamic_per_request"], abs=0.02)
     assert isinstance(doc["regret"], float) and 0.5 < doc["regret"] < 2.0
+    assert doc["regret_ci"][0] <= doc["regret"] <= doc["regret_ci"][1]
+    assert doc["intervals"]["seed"] == 0 and doc["intervals"]["level"] == 0.95
     assert isinstance(doc["gateway_vs_dynamic"], float) and isinstance(doc["dynamic_regret"], float)
     structured = next(r for r in doc["rows"] if r["workload"] == "structured")
     creative = next(r for r in doc["rows"] if r["workload"] == "creative")
@@ -89,7 +101,7 @@ def test_the_json_has_every_row_paired_and_the_regret(
     assert creative["speedup"]["speculative"] < 1.0
     # Raw results are kept, paired by index, with the gateway's route.
     cell = doc["cells"][0]
-    assert [r["index"] for r in cell["runs"]["baseline"]["results"]] == [0, 1, 2, 3]
+    assert [r["index"] for r in cell["runs"]["baseline"]["results"]] == [0, 1, 2, 3, 4, 5]
     assert all(
         r["route"] in ("speculative", "baseline") for r in cell["runs"]["gateway"]["results"]
     )
@@ -105,6 +117,10 @@ def test_the_table_says_emulated_and_prints_the_regret(
     for workload in [*WORKLOADS, "all"]:
         assert f"\n{workload} " in text
     assert "gateway/oracle regret over the whole run: " in text
+    # every speedup and regret with its interval, per load, and what each concludes
+    assert text.count("  95% intervals   n  spec speedup") == 2
+    interval_rows = [line for line in text.splitlines() if line.startswith("  structured ")]
+    assert len(interval_rows) == 2 and all("] faster" in line for line in interval_rows)
     # The dynamic server side by side: its column in every section, gw/dyn, and the
     # comparison with the oracle.
     lines = text.splitlines()
@@ -130,6 +146,7 @@ def test_advise_on_the_bench_json(
         if line.split():
             lines.setdefault(line.split()[0], line)
     assert "SPECULATE" in lines["structured"]
+    assert re.search(r"; 1\.\d\dx \[1\.\d\d-\d\.\d\d\] at c=1", lines["structured"])
     assert "DON'T" in lines["creative"] and "drafts mostly rejected" in lines["creative"]
     # On the measured H200 a 3k-token prompt prefills in ~60 ms, so RAG's 32-token answer
     # is decode-bound (prefill ~40% of e2e): it loses on its chat-level acceptance.

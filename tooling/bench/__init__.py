@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 import aiohttp
 
+from tooling.bench.intervals import describe as describe_intervals
 from tooling.bench.plan import Load, cells, is_file
 from tooling.bench.progress import Progress
 from tooling.bench.report import SCHEMA, header, table
@@ -113,7 +114,8 @@ async def run_bench(
         total = sum(len(c.requests) for c in plan) * len(targets)
         spec_url = opts.spec_metrics_url or opts.targets.get(SPEC)
         emulated = any(i.emulated for i in infos)
-        progress = Progress(total, tag=f"{tag}{' EMULATED' if emulated else ''}")
+        tagged = f"{tag}{' EMULATED' if emulated else ''}"
+        progress = Progress(0 if opts.duration_s is not None else total, tag=tagged)
         try:
             await run_cells(
                 session,
@@ -126,6 +128,7 @@ async def run_bench(
             )
             complete = True
         finally:
+            progress.close()
             outcome = _finish(opts, targets, done, started, time.perf_counter() - wall0, complete)
             print(outcome.text, file=out, flush=True)
     return outcome
@@ -175,6 +178,7 @@ def _finish(
         "rows": per_workload,
         "overall": overall,
         **_whole_run(done),
+        "intervals": describe_intervals(),
         "cells": [_cell_json(c) for c in done],
     }
     failures = sum(not r.ok for c in done for run in c.runs.values() for r in run.results)
@@ -203,10 +207,10 @@ def _finish(
 def _whole_run(done: list[CellRun]) -> dict[str, Any]:
     """regret (and, with a dynamic target, its two ratios) over every load and workload."""
     run = whole_run(done)
-    out = {"regret": run.get("regret")}
+    out = {"regret": run.get("regret"), "regret_ci": run.get("regret_ci")}
     if "gateway_vs_dynamic" in run:
-        out["gateway_vs_dynamic"] = run["gateway_vs_dynamic"]
-        out["dynamic_regret"] = run["dynamic_regret"]
+        for key in ("gateway_vs_dynamic", "dynamic_regret"):
+            out[key], out[f"{key}_ci"] = run[key], run[f"{key}_ci"]
     return out
 
 

@@ -1,8 +1,9 @@
 """The bench as one picture: where speculation pays, why, and how load changes it.
 
 Four panels, read left to right, top to bottom:
-1. speedup over the baseline per workload (bars per target and load; the
-   dashed line at 1.0 is "no gain"): the answer;
+1. speedup over the baseline per workload (bars per target and load, each with
+   its 95% bootstrap interval as an error bar, and `?` on its label when the
+   interval holds 1.0: inconclusive; the dashed line at 1.0 is "no gain"): the answer;
 2. draft acceptance per workload and load: the reason (and, with a "dynamic"
    target, the dynamic server's, from its own counters);
 3. e2e latency vs load per target (mean, p95 dotted): where the answer flips;
@@ -16,6 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from tooling.bench.intervals import Interval, conclusion
+from tooling.bench.stats import speedup_interval
 
 COLORS = {
     "baseline": "#8c8c8c",
@@ -56,10 +60,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     title = f"specroute bench: workload {Path(doc['workload']).name}"
     if doc.get("gateway_vs_dynamic") is not None:  # shorter, to fit a third figure
         if doc.get("regret") is not None:
-            title += f"   |   gateway / oracle: {doc['regret']:.3f}"
-        title += f"   |   gateway / dynamic: {doc['gateway_vs_dynamic']:.3f}"
+            title += f"   |   gateway / oracle: {_ratio(doc, 'regret')}"
+        title += f"   |   gateway / dynamic: {_ratio(doc, 'gateway_vs_dynamic')}"
     elif doc.get("regret") is not None:
-        title += f"   |   gateway regret vs per-request oracle: {doc['regret']:.3f}"
+        title += f"   |   gateway regret vs per-request oracle: {_ratio(doc, 'regret')}"
     fig.suptitle(title, fontsize=13, fontweight="bold", y=0.985)
     model = next((t["model"] for t in doc["targets"].values() if t.get("model")), "?")
     if doc["emulated"]:
@@ -79,25 +83,46 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _ratio(doc: dict[str, Any], key: str) -> str:
+    """`1.043 [1.007-1.090]`: a whole-run ratio with its 95% interval, where there is one."""
+    ci = Interval.of(doc.get(f"{key}_ci"))
+    return f"{doc[key]:.3f}" + (f" [{ci.lo:.3f}-{ci.hi:.3f}]" if ci else "")
+
+
 def _rows(doc: dict[str, Any], label: str) -> dict[str, dict[str, Any]]:
     return {r["workload"]: r for r in doc["rows"] if r["load"]["label"] == label}
 
 
 def _bars(
-    ax: Any, groups: list[str], series: list[tuple[str, str, float, list[float | None]]]
+    ax: Any,
+    groups: list[str],
+    series: list[tuple[str, str, float, list[float | None]]],
+    intervals: list[list[Interval | None]] | None = None,
 ) -> None:
-    """Grouped bars: series = (label, color, alpha, one value per group), labelled on top."""
+    """Grouped bars: series = (label, color, alpha, one value per group), labelled on top;
+    with `intervals` (one list per series), each bar's as an error bar, and `?` after the
+    label of one whose interval holds 1.0 (or that has none)."""
     width = 0.8 / max(1, len(series))
     crowded = len(series) > 2
     for i, (label, color, alpha, values) in enumerate(series):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
         ys = [v if v is not None else 0.0 for v in values]
         bars = ax.bar(xs, ys, width * 0.92, label=label, color=color, alpha=alpha)
-        for bar, v in zip(bars, values, strict=True):
+        cis = intervals[i] if intervals is not None else [None] * len(values)
+        for bar, v, ci in zip(bars, values, cis, strict=True):
+            top = bar.get_height()
+            mark = ""
+            if intervals is not None and v is not None:
+                mark = "?" if conclusion(ci) == "inconclusive" else ""
+                if ci is not None:
+                    x = bar.get_x() + bar.get_width() / 2
+                    err = [[max(0.0, v - ci.lo)], [max(0.0, ci.hi - v)]]
+                    ax.errorbar([x], [v], yerr=err, fmt="none", ecolor="#222", lw=1, capsize=3)
+                    top = max(top, ci.hi)
             if v is not None and len(series) <= 8:
                 ax.annotate(
-                    f"{v:.2f}",
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    f"{v:.2f}{mark}",
+                    (bar.get_x() + bar.get_width() / 2, top),
                     ha="center",
                     va="bottom",
                     fontsize=6.5 if crowded else 8,
@@ -114,6 +139,7 @@ def _speedup(
     ax: Any, doc: dict[str, Any], names: list[str], loads: list[Any], wl: list[str]
 ) -> None:
     series = []
+    intervals: list[list[Interval | None]] = []
     for name in (n for n in names if n != "baseline"):
         for j, load in enumerate(loads):
             rows = _rows(doc, load["label"])
@@ -121,13 +147,17 @@ def _speedup(
             series.append(
                 (f"{name} {load['label']}", _color(name, names), _LOAD_ALPHA[j % 4], values)
             )
-    _bars(ax, wl, series)
-    top = max([v for *_, vs in series for v in vs if v is not None] + [1.2]) * 1.35
+            intervals.append([speedup_interval(rows.get(w, {}), name) for w in wl])
+    _bars(ax, wl, series, intervals)
+    highs = [ci.hi for cis in intervals for ci in cis if ci is not None]
+    top = max([v for *_, vs in series for v in vs if v is not None] + highs + [1.2]) * 1.35
     ax.set_ylim(0, top)
     ax.axhspan(0, 1.0, color="#c0392b", alpha=0.06, zorder=0)
     ax.axhspan(1.0, top, color="#2a9d8f", alpha=0.06, zorder=0)
     ax.axhline(1.0, color="#333", linestyle="--", linewidth=1)
-    ax.set_title("speedup over baseline (paired mean e2e; red = slower)", fontsize=11)
+    ax.set_title(
+        "speedup over baseline (paired mean e2e, 95% interval; ? = inconclusive)", fontsize=11
+    )
     ax.set_ylabel("x baseline")
     ax.legend(fontsize=8, ncol=2, loc="upper right")
 

@@ -16,7 +16,10 @@ JSON schema ("schema": "specroute-bench/1"), everything a later `advise` needs:
       "rows": [ROW...],            # one per (load, workload)
       "overall": [ROW...],         # one per load, workload "all"
       "regret": float | null,      # gateway / oracle mean e2e over the whole run
+      "regret_ci": CI,
       "gateway_vs_dynamic", "dynamic_regret": float | null,  # only with a "dynamic" target
+      "gateway_vs_dynamic_ci", "dynamic_regret_ci": CI,       # likewise
+      "intervals": {"method", "level", "resamples", "seed", "min_pairs"},
       "cells": [{"load": LOAD, "group": str, "spec_kv_peak": float | null,
                  "runs": {NAME: {"wall_s", "counter_acceptance": ACC | null,
                                  "results": [{"index", "workload", "ok", "status", "e2e_s",
@@ -26,6 +29,8 @@ JSON schema ("schema": "specroute-bench/1"), everything a later `advise` needs:
     }
     LOAD = {"kind": "concurrency" | "rate" | "replay", "value": float, "label": str}
     ACC  = {"rate": accepted/proposed, "mean_length": tokens per verify step, "draft_tokens"}
+    CI   = [lo, hi]: the 95% bootstrap interval (paired by request, seeded), or null under
+           5 paired requests; a speedup whose interval holds 1.0 is inconclusive
     ROW  = {"load": LOAD, "workload": str, "share": float,
             "targets": {NAME: {"n", "ok", "errors", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
                                "e2e_p50_s", "e2e_p95_s", "e2e_mean_s", "output_tokens_per_s",
@@ -34,11 +39,13 @@ JSON schema ("schema": "specroute-bench/1"), everything a later `advise` needs:
             "acceptance": {"counters", "per_request", "gateway_counters",  # floats or null
                            "dynamic_counters"?, "dynamic_per_request"?},
             "spec_kv_peak": float | null,
-            "speedup": {NAME: baseline/NAME mean e2e, paired}, "speedup_geomean": {...},
-            "oracle_e2e_mean_s": float | null, "regret": float | null,
+            "speedup": {NAME: baseline/NAME mean e2e, paired}, "speedup_ci": {NAME: CI},
+            "speedup_geomean": {...},
+            "oracle_e2e_mean_s": float | null, "regret": float | null, "regret_ci": CI,
             "oracle_agreement": share of gateway routes that were the faster one | null,
-            "dynamic_regret"?: dynamic / oracle mean e2e | null,
-            "gateway_vs_dynamic"?: gateway / dynamic mean e2e | null}
+            "dynamic_regret"?: dynamic / oracle mean e2e | null, "dynamic_regret_ci"?: CI,
+            "gateway_vs_dynamic"?: gateway / dynamic mean e2e | null,
+            "gateway_vs_dynamic_ci"?: CI}
     ("?": only when a target is named "dynamic": one server with dynamic speculative
     decoding, benched beside the pair it would replace; the oracle stays the faster of
     baseline and speculative per request.)
@@ -50,7 +57,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tooling.bench.stats import BASE, DYNAMIC, GATEWAY, SPEC
+from tooling.bench.intervals import Interval, conclusion
+from tooling.bench.stats import BASE, DYNAMIC, GATEWAY, SPEC, speedup_interval
 
 SCHEMA = "specroute-bench/1"
 EMULATED_NOTE = (
@@ -101,8 +109,24 @@ def _f(value: float | None, fmt: str, width: int = W, scale: float = 1.0) -> str
     return f"{text:>{width}}"
 
 
-def _x(value: float | None, width: int = 7) -> str:
-    return f"{'-':>{width}}" if value is None else f"{value:>{width - 1}.2f}x"
+def _x(value: float | None, ci: Interval | None = None, width: int = 8) -> str:
+    """A speedup, with `?` after it when its interval holds 1.0 (or there is none)."""
+    if value is None:
+        return f"{'-':>{width}}"
+    mark = "?" if conclusion(ci) == "inconclusive" else " "
+    return f"{value:>{width - 2}.2f}x{mark}"
+
+
+def with_interval(value: float | None, ci: Interval | None, *, speedup: bool) -> str:
+    """`1.52x [1.41-1.63]` for a speedup, `1.020 [1.005-1.041]` for a regret (or any
+    ratio where 1.0 is the mark); `[no interval]` under 5 paired requests."""
+    if value is None:
+        return "-"
+    point = f"{value:.2f}x" if speedup else f"{value:.3f}"
+    if ci is None:
+        return f"{point} [no interval]"
+    d = 2 if speedup else 3
+    return f"{point} [{ci.lo:.{d}f}-{ci.hi:.{d}f}]"
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -116,18 +140,19 @@ def table(doc: dict[str, Any]) -> str:
     others = [n for n in names if n != BASE]
     cols = "".join(f"{_short(n):>{W}}" for n in names)
     span = W * len(names)
+    sw = 8  # a speedup column
     accept, accept_cols = (f"{'accept':^17}", f"{'ctr':>5} {'req':>5} {'dyn':>5}")
     if not dynamic:
         accept, accept_cols = f"{'accept':^11}", f"{'ctr':>5} {'req':>5}"
     gw_dyn = f" {'gw/dyn':>6}" if dynamic else ""
     first = (
-        f"{'':<17} {'e2e p50 (s)':^{span}} {'TTFT p50 (ms)':^{span}} "
+        f"{'':<17} {'e2e mean (s)':^{span}} {'e2e p50 (s)':^{span}} {'TTFT p50 (ms)':^{span}} "
         f"{'TPOT p50 (ms)':^{span}} {'out tok/s':^{span}} {accept} "
-        f"{'speedup':^{7 * len(others)}} {'regret':>6}{gw_dyn}  gw routes"
+        f"{'speedup':^{sw * len(others)}} {'regret':>6}{gw_dyn}  gw routes"
     )
     second = (
-        f"{'workload':<13}{'n':>4} {cols} {cols} {cols} {cols} {accept_cols} "
-        + "".join(f"{_short(n):>7}" for n in others)
+        f"{'workload':<13}{'n':>4} {cols} {cols} {cols} {cols} {cols} {accept_cols} "
+        + "".join(f"{_short(n):>{sw - 1}} " for n in others)
         + f" {'':>6}{' ' * len(gw_dyn)}  {'spec/base'}"
     )
     out = []
@@ -137,13 +162,21 @@ def table(doc: dict[str, Any]) -> str:
         out += ["", f"== {label} ==", first, second]
         out += [_line(row, names, others) for row in rows]
         out.append(_line(overall, names, others))
+        out += ["", *intervals([*rows, overall], others)]
     out.append("")
     out.append(
-        "speedup = baseline mean e2e / target mean e2e, paired per request; accept = "
-        "accepted/proposed draft tokens (ctr: vLLM counters, req: per-request metrics)"
+        "speedup = baseline mean e2e / target mean e2e, paired per request (higher is "
+        "better); accept = accepted/proposed draft tokens (ctr: vLLM counters, req: "
+        "per-request metrics)"
     )
     out.append(
-        "regret = gateway mean e2e / oracle mean e2e (oracle: the faster backend per request)"
+        "regret = gateway mean e2e / oracle mean e2e (oracle: the faster backend per request; "
+        "1.0 is the best)"
+    )
+    out.append(
+        "[lo-hi]: 95% bootstrap interval, paired by request (2000 resamples, seeded; none "
+        "under 5 requests); ?/inconclusive: the interval holds 1.0, so the requests cannot "
+        "tell faster from slower"
     )
     if dynamic:
         out.append(
@@ -155,7 +188,8 @@ def table(doc: dict[str, Any]) -> str:
         out.append("n!E: n requests, E of them failed (their errors are in the JSON)")
     regret = doc.get("regret")
     if regret is not None:
-        out.append(f"gateway/oracle regret over the whole run: {regret:.3f}")
+        whole = with_interval(regret, Interval.of(doc.get("regret_ci")), speedup=False)
+        out.append(f"gateway/oracle regret over the whole run: {whole}")
     if dynamic:
         out += ["", *versus_dynamic(doc)]
     return "\n".join(out)
@@ -169,6 +203,7 @@ def _line(row: dict[str, Any], names: list[str], others: list[str]) -> str:
     t = row["targets"]
     n = t[names[0]]["n"] if names else 0
     errors = sum(s["errors"] for s in t.values())
+    mean = "".join(_f(t[x]["e2e_mean_s"], ".3f") for x in names)
     e2e = "".join(_f(t[x]["e2e_p50_s"], ".3f") for x in names)
     ttft = "".join(_f(t[x]["ttft_p50_s"], ".0f", scale=1000) for x in names)
     tpot = "".join(_f(t[x]["tpot_p50_s"], ".1f", scale=1000) for x in names)
@@ -177,15 +212,33 @@ def _line(row: dict[str, Any], names: list[str], others: list[str]) -> str:
     accept = f"{_f(acc['counters'], '.2f', 5)} {_f(acc['per_request'], '.2f', 5)}"
     if DYNAMIC in t:
         accept += f" {_f(acc.get('dynamic_counters'), '.2f', 5)}"
-    speed = "".join(_x(row["speedup"].get(x)) for x in others)
+    speed = "".join(_x(row["speedup"].get(x), speedup_interval(row, x)) for x in others)
     gw_dyn = _f(row.get("gateway_vs_dynamic"), ".3f", 7) if DYNAMIC in t else ""
     routes = (t.get(GATEWAY) or {}).get("routes") or {}
     route = f"{routes.get(SPEC, 0)}/{routes.get(BASE, 0)}" if GATEWAY in t else ""
     count = f"{n}" if not errors else f"{n}!{errors}"
     return (
-        f"{row['workload']:<13}{count:>4} {e2e} {ttft} {tpot} {tps} {accept} {speed} "
+        f"{row['workload']:<13}{count:>4} {mean} {e2e} {ttft} {tpot} {tps} {accept} {speed} "
         f"{_f(row['regret'], '.3f')}{gw_dyn}  {route}"
     )
+
+
+def intervals(rows: list[dict[str, Any]], others: list[str]) -> list[str]:
+    """One load's speedups and regret with their intervals, and what each concludes."""
+    sw = 32
+    head = f"  {'95% intervals':<13}{'n':>4}  "
+    head += "".join(f"{_short(x) + ' speedup':<{sw}}" for x in others)
+    out = [head + "regret (gateway / oracle)"]
+    for row in rows:
+        n = next(iter(row["targets"].values()))["n"] if row["targets"] else 0
+        cells = []
+        for x in others:
+            value, ci = row["speedup"].get(x), speedup_interval(row, x)
+            word = conclusion(ci) if value is not None else ""
+            cells.append(f"{with_interval(value, ci, speedup=True) + ' ' + word:<{sw}}")
+        regret = with_interval(row["regret"], Interval.of(row.get("regret_ci")), speedup=False)
+        out.append(f"  {row['workload']:<13}{n:>4}  " + "".join(cells) + regret)
+    return out
 
 
 def versus_dynamic(doc: dict[str, Any]) -> list[str]:
@@ -195,9 +248,14 @@ def versus_dynamic(doc: dict[str, Any]) -> list[str]:
     out = [
         "the gateway vs one server with dynamic speculative decoding (mean e2e, s; "
         "oracle = faster of baseline and speculative per request)",
-        f"{'load':<8}{'workload':<12}{'n':>4} {cols} {'oracle':>7} "
-        f"{'dyn/orc':>8} {'gw/orc':>7} {'gw/dyn':>7}",
+        f"{'load':<8}{'workload':<12}{'n':>4} {cols} {'oracle':>7}  "
+        f"{'dyn/orc':<21}{'gw/orc':<21}gw/dyn",
     ]
+
+    def ratio(row: dict[str, Any], key: str) -> str:
+        value, ci = row.get(key), Interval.of(row.get(f"{key}_ci"))
+        return f"{with_interval(value, ci, speedup=False):<21}"
+
     for overall in doc["overall"]:
         label = overall["load"]["label"]
         for row in [r for r in doc["rows"] if r["load"]["label"] == label] + [overall]:
@@ -205,11 +263,19 @@ def versus_dynamic(doc: dict[str, Any]) -> list[str]:
             means = "".join(_f(t[x]["e2e_mean_s"], ".3f", W + 1) for x in names)
             out.append(
                 f"{label:<8}{row['workload']:<12}{t[names[0]]['n']:>4} {means} "
-                f"{_f(row['oracle_e2e_mean_s'], '.3f', 7)} "
-                f"{_f(row.get('dynamic_regret'), '.3f', 8)} {_f(row['regret'], '.3f', 7)} "
-                f"{_f(row.get('gateway_vs_dynamic'), '.3f', 7)}"
+                f"{_f(row['oracle_e2e_mean_s'], '.3f', 7)}  "
+                f"{ratio(row, 'dynamic_regret')}{ratio(row, 'regret')}"
+                f"{ratio(row, 'gateway_vs_dynamic').rstrip()}"
             )
     whole = doc.get("gateway_vs_dynamic")
     if whole is not None:
-        out.append(f"gateway/dynamic over the whole run: {whole:.3f} (< 1: the gateway is faster)")
+        ci = Interval.of(doc.get("gateway_vs_dynamic_ci"))
+        # a ratio of e2e times: above 1.0 the gateway is the slower one
+        said = {"faster": "the gateway is slower", "slower": "the gateway is faster"}.get(
+            conclusion(ci), "inconclusive, the interval holds 1.0"
+        )
+        out.append(
+            f"gateway/dynamic over the whole run: {with_interval(whole, ci, speedup=False)} "
+            f"(< 1: the gateway is faster; here: {said})"
+        )
     return out

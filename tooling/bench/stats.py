@@ -23,6 +23,10 @@ Definitions (vLLM's bench where it has one):
   the dynamic server from its own counters ("dynamic_counters", "dynamic_per_request").
 - prefill share: mean TTFT / e2e on the baseline: the part of a request's time
   speculation cannot shorten.
+- intervals: every speedup and regret above has a 95% bootstrap interval beside it
+  (`speedup_ci`, `regret_ci`, ...; [lo, hi], or null under 5 paired requests),
+  paired by request and seeded (tooling/bench/intervals.py). A speedup whose
+  interval holds 1.0 is inconclusive.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from tooling.bench.intervals import Interval, ratio_of_sums
 from tooling.bench.plan import RECORDED, Load
 from tooling.bench.runner import DYNAMIC as DYNAMIC  # re-exported beside BASE, SPEC, GATEWAY
 from tooling.bench.runner import CellRun
@@ -142,25 +147,33 @@ def _ok(results: dict[Key, Result]) -> dict[Key, float]:
     return {k: r.e2e_s for k, r in results.items() if r.ok}
 
 
+def _ci(num: list[float], den: list[float]) -> list[float] | None:
+    """The 95% bootstrap interval of sum(num) / sum(den), paired, as JSON."""
+    ci = ratio_of_sums(num, den)
+    return ci.to_json() if ci is not None else None
+
+
 def _paired(by_target: dict[str, dict[Key, Result]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"speedup": {}, "speedup_geomean": {}}
+    out: dict[str, Any] = {"speedup": {}, "speedup_ci": {}, "speedup_geomean": {}}
     base = _ok(by_target.get(BASE, {}))
     for name, results in by_target.items():
         if name == BASE or not base:
             continue
         mine = _ok(results)
-        keys = base.keys() & mine.keys()
+        keys = sorted(base.keys() & mine.keys())
         if keys:
             out["speedup"][name] = _r(sum(base[k] for k in keys) / sum(mine[k] for k in keys))
+            out["speedup_ci"][name] = _ci([base[k] for k in keys], [mine[k] for k in keys])
             logs = [math.log(base[k] / mine[k]) for k in keys if base[k] > 0 and mine[k] > 0]
             out["speedup_geomean"][name] = _r(math.exp(statistics.fmean(logs))) if logs else None
     spec, gw = _ok(by_target.get(SPEC, {})), by_target.get(GATEWAY, {})
-    keys = base.keys() & spec.keys() & _ok(gw).keys()
-    out["oracle_e2e_mean_s"] = out["regret"] = out["oracle_agreement"] = None
+    keys = sorted(base.keys() & spec.keys() & _ok(gw).keys())
+    out["oracle_e2e_mean_s"] = out["regret"] = out["regret_ci"] = out["oracle_agreement"] = None
     if keys:
         oracle = {k: min(base[k], spec[k]) for k in keys}
         out["oracle_e2e_mean_s"] = _r(statistics.fmean(oracle.values()), 6)
         out["regret"] = _r(sum(gw[k].e2e_s for k in keys) / sum(oracle.values()))
+        out["regret_ci"] = _ci([gw[k].e2e_s for k in keys], [oracle[k] for k in keys])
         best = {k: BASE if base[k] <= spec[k] else SPEC for k in keys}
         routed = [k for k in keys if gw[k].route]
         if routed:
@@ -175,15 +188,25 @@ def _versus_dynamic(
     base: dict[Key, float], spec: dict[Key, float], gw: dict[Key, float], dyn: dict[Key, float]
 ) -> dict[str, float | None]:
     """The single dynamic-SD server against the oracle and against the gateway."""
-    out: dict[str, float | None] = {"dynamic_regret": None, "gateway_vs_dynamic": None}
-    keys = base.keys() & spec.keys() & dyn.keys()
+    out: dict[str, Any] = dict.fromkeys(
+        ("dynamic_regret", "dynamic_regret_ci", "gateway_vs_dynamic", "gateway_vs_dynamic_ci")
+    )
+    keys = sorted(base.keys() & spec.keys() & dyn.keys())
     if keys:
-        oracle = sum(min(base[k], spec[k]) for k in keys)
-        out["dynamic_regret"] = _r(sum(dyn[k] for k in keys) / oracle)
-    keys = gw.keys() & dyn.keys()
+        oracle = [min(base[k], spec[k]) for k in keys]
+        out["dynamic_regret"] = _r(sum(dyn[k] for k in keys) / sum(oracle))
+        out["dynamic_regret_ci"] = _ci([dyn[k] for k in keys], oracle)
+    keys = sorted(gw.keys() & dyn.keys())
     if keys:
         out["gateway_vs_dynamic"] = _r(sum(gw[k] for k in keys) / sum(dyn[k] for k in keys))
+        out["gateway_vs_dynamic_ci"] = _ci([gw[k] for k in keys], [dyn[k] for k in keys])
     return out
+
+
+def speedup_interval(row: dict[str, Any], name: str) -> Interval | None:
+    """A row's speedup interval for target `name` (None: too few requests, or an older
+    bench JSON without intervals)."""
+    return Interval.of((row.get("speedup_ci") or {}).get(name))
 
 
 def rows(cell_runs: list[CellRun]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -169,16 +169,27 @@ async def wait_for_profile(
     """Wait until a specroute gateway's engine profile is in (its probes are then over,
     so none overlaps a timed request), and say what it measured. A gateway whose
     policy keeps no profile answers at once."""
-    deadline = time.monotonic() + timeout_s
+    began = time.monotonic()
     found: dict[str, Any] = {}
+    said = False
     async with session_factory() as session:
         while True:
             async with session.get(f"{gateway}/stats") as resp:
                 stats: dict[str, Any] = await resp.json() if resp.status == 200 else {}
             found = stats.get("profile") or {}
-            if not found or found.get("in_use") or time.monotonic() > deadline:
+            if not found or found.get("in_use") or time.monotonic() > began + timeout_s:
                 break
+            if not said:  # the gateway's /stats tells no step count: the wait is said once
+                print(
+                    "profile: waiting for the gateway to measure both servers before the first "
+                    f"timed request (at most {timeout_s:.0f} s)",
+                    file=out,
+                    flush=True,
+                )
+                said = True
             await asyncio.sleep(0.2)
+    if said:
+        print(f"profile: waited {time.monotonic() - began:.1f} s", file=out, flush=True)
     if not found:
         return
     profile = found.get("profile")
