@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from gateway import decision, figures, handlers, passthrough, responses, ui
+from gateway import decision, endpoints, figures, passthrough, ui
 from gateway.auth import Keys, auth_middleware
 from gateway.backends.pool import BackendPool
 from gateway.config import Config
@@ -25,6 +25,7 @@ from gateway.errors import error_middleware
 from gateway.outcomes.outcome_log import OutcomeLog
 from gateway.outcomes.traffic_sample import Recorder
 from gateway.profiling.lifecycle import profile_ctx
+from gateway.request.responses import RESPONSE_OWNERS, ResponseOwners
 from gateway.runtime import Runtime
 from gateway.shadow.results import shadow_log_path
 from gateway.shadow.runner import ShadowRunner
@@ -82,13 +83,13 @@ def create_app(
     app.cleanup_ctx.append(_shadows)  # after the session and the outcome log: closed first
     app.cleanup_ctx.append(profile_ctx)  # after the session: stopped before it
     app[RNG] = random.Random(config.routing.tuning.seed)
-    app[responses.RESPONSE_OWNERS] = responses.ResponseOwners()
+    app[RESPONSE_OWNERS] = ResponseOwners()
     if forward:
         _add_forwarding_routes(app)
-    app.router.add_get("/health", handlers.health)
-    app.router.add_get("/ready", handlers.ready)
-    app.router.add_get("/metrics", handlers.metrics)
-    app.router.add_get("/openapi.json", handlers.openapi)
+    app.router.add_get("/health", endpoints.health)
+    app.router.add_get("/ready", endpoints.ready)
+    app.router.add_get("/metrics", endpoints.metrics)
+    app.router.add_get("/openapi.json", endpoints.openapi)
     # A dry-run decision and the live figures (the side-by-side page reads them).
     app.router.add_post("/decide/v1/chat/completions", decision.chat_completions)
     app.router.add_post("/decide/v1/completions", decision.completions)
@@ -103,12 +104,12 @@ def create_app(
 
 
 def _add_forwarding_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", handlers.chat_completions)
-    app.router.add_post("/v1/completions", handlers.completions)
-    app.router.add_post("/v1/responses", handlers.create_response)
-    app.router.add_get("/v1/responses/{response_id}", responses.stored)
-    app.router.add_post("/v1/responses/{response_id}/cancel", responses.stored)
-    app.router.add_get("/v1/models", handlers.models)
+    app.router.add_post("/v1/chat/completions", endpoints.chat_completions)
+    app.router.add_post("/v1/completions", endpoints.completions)
+    app.router.add_post("/v1/responses", endpoints.create_response)
+    app.router.add_get("/v1/responses/{response_id}", endpoints.stored)
+    app.router.add_post("/v1/responses/{response_id}/cancel", endpoints.stored)
+    app.router.add_get("/v1/models", endpoints.models)
 
 
 def _current_keys(request: web.Request) -> Keys:

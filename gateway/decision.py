@@ -25,7 +25,7 @@ from aiohttp import web
 from classifier.features import Endpoint, RequestFeatures
 from classifier.policy import Decision, LiveState, Policy, Route
 from classifier.speculation import acceptance_rate, alpha_from_rate
-from gateway.handlers import live_state, read_and_analyse
+from gateway.request.pipeline import live_state, read_and_analyse
 from gateway.state import RUNTIME
 
 

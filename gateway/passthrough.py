@@ -34,8 +34,8 @@ from yarl import URL
 
 from classifier.policy import Route
 from gateway.backends.pool import Backend, Upstream
-from gateway.dispatch import ROUTE_HEADER, note_failure
 from gateway.errors import LOGGED, APIError, draining, request_id
+from gateway.request.dispatch import ROUTE_HEADER, note_failure
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from gateway.wire.failures import UPSTREAM_ERRORS, upstream_failure
 
@@ -44,8 +44,8 @@ request_log = structlog.get_logger("specroute.request")
 
 
 class Fate(enum.StrEnum):
-    ROUTED = "routed"  # decided per request by the policy (handlers.py)
-    STORED = "stored"  # to the server that stored the response it names (responses.py)
+    ROUTED = "routed"  # decided per request by the policy (request/pipeline.py)
+    STORED = "stored"  # to the server that stored the response it names (request/responses.py)
     GATEWAY = "gateway"  # the gateway's own answer
     PASSTHROUGH = "passthrough"  # to a healthy backend, unchanged
     FORBIDDEN = "forbidden"  # an operator's endpoint: 403, logged

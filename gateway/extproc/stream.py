@@ -6,7 +6,7 @@ the last is in), response headers, the response body (STREAMED or
 FULL_DUPLEX_STREAMED: as it passes). The stream is the request's life:
 
 - request body: parse, validate and take the features exactly as `serve` does
-  (gateway/handlers.py), decide, and tell Envoy where to go: pool mode sets
+  (gateway/request/pipeline.py), decide, and tell Envoy where to go: pool mode sets
   `x-specroute-route` and clears the route cache, endpoint mode names the server
   (GIE's `x-gateway-destination-endpoint`, header and `envoy.lb` metadata). A
   stream gets `include_usage` added (the body mutation), as `serve` adds it.
@@ -16,7 +16,7 @@ FULL_DUPLEX_STREAMED: as it passes). The stream is the request's life:
   standalone gateway's own readers; the usage chunk the picker asked for is cut.
 - end (normal, or Envoy resetting the stream): the in-flight count is released
   and the record goes to the same four readers and the shadows
-  (`handlers.settle`).
+  (`pipeline.settle`).
 
 Bad input gets the gateway's 4xx in OpenAI's shape as an ImmediateResponse.
 """
@@ -33,7 +33,11 @@ from aiohttp import web
 
 from classifier.features import Endpoint, RequestFeatures
 from gateway.backends.pool import Upstream
-from gateway.dispatch import (
+from gateway.errors import APIError, draining, request_id_of
+from gateway.extproc import messages
+from gateway.extproc.pb import ext_proc_subset_pb2 as pb
+from gateway.outcomes.learning import predicted_header
+from gateway.request.dispatch import (
     FAILOVER_HEADER,
     PREDICTED_HEADER,
     REASON_HEADER,
@@ -41,11 +45,7 @@ from gateway.dispatch import (
     Routed,
     admit,
 )
-from gateway.errors import APIError, draining, request_id_of
-from gateway.extproc import messages
-from gateway.extproc.pb import ext_proc_subset_pb2 as pb
-from gateway.handlers import analyse, ask_for_usage, live_state, route_override, settle
-from gateway.outcomes.learning import predicted_header
+from gateway.request.pipeline import analyse, ask_for_usage, live_state, route_override, settle
 from gateway.state import BACKENDS, BIG_BODIES, RNG, RUNTIME, SHADOWS, TOKENS
 from gateway.wire.life import STREAM_RESET, RequestLife
 from gateway.wire.proxy import loads_object, read_chat_events, usage_in

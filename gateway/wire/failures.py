@@ -4,7 +4,7 @@ whether another backend may answer instead.
 A backend refuses, times out, stalls, drips, cuts its answer short, sends what no
 HTTP or SSE parser takes, or ends a stream before its end. Each is one
 UpstreamFailure, from `upstream_failure`, whether it happened in a routed request
-(gateway/dispatch.py, gateway/wire/proxy.py) or a passed-through one
+(gateway/request/dispatch.py, gateway/wire/proxy.py) or a passed-through one
 (gateway/passthrough.py): its kind is the label of specroute_upstream_errors_total,
 and it counts towards ejecting the backend.
 """

@@ -29,8 +29,8 @@ from deploy.envoy.render import POOL_BOOTSTRAP
 from gateway.app import create_app
 from gateway.cli import _add_ext_proc_arguments
 from gateway.config import load_config
-from gateway.dispatch import ROUTE_HEADER
 from gateway.extproc.server import SERVICE
+from gateway.request.dispatch import ROUTE_HEADER
 from tests.deploy.test_k8s import (
     K8S,
     K8S_VERSION,

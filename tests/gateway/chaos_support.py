@@ -45,7 +45,7 @@ from aiohttp import web
 
 from classifier.policy import Route
 from gateway.config import Config, parse_config
-from gateway.dispatch import FAILOVER_HEADER, REASON_HEADER, ROUTE_HEADER
+from gateway.request.dispatch import FAILOVER_HEADER, REASON_HEADER, ROUTE_HEADER
 from gateway.state import BACKENDS
 from gateway.wire.proxy import has_token
 from tests.support import wait_until

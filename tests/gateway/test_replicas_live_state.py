@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient
 from classifier.features import Endpoint, extract_features
 from classifier.policy import Route
 from classifier.tokens import TokenCounter
-from gateway.handlers import live_state
+from gateway.request.pipeline import live_state
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream

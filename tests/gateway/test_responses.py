@@ -19,7 +19,7 @@ from classifier.features import Endpoint, Workload, extract_features
 from classifier.policy import Route
 from classifier.tokens import TokenCounter
 from gateway.backends.pool import Upstream
-from gateway.responses import RESPONSE_OWNERS, Owner, ResponseOwners
+from gateway.request.responses import RESPONSE_OWNERS, Owner, ResponseOwners
 from tests.gateway.fake_vllm_rest import WORDS, FakeVllmRest
 from tests.gateway.test_passthrough import (  # noqa: F401
     RestGateway,

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from classifier.tokens import load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.dispatch import ROUTE_HEADER
+from gateway.request.dispatch import ROUTE_HEADER
 from tests.vllm.conftest import Backends
 from tooling.local_stack import serve_app
 

@@ -1,6 +1,6 @@
 """The Responses API's own parts: its streamed events, and where its stored responses live.
 
-`/v1/responses` is routed like chat (handlers.py); what differs is the wire.
+`/v1/responses` is routed like chat (pipeline.py); what differs is the wire.
 Its stream is named SSE events (`event: response.output_text.delta`), with no
 usage chunk to ask for and no `[DONE]`: the usage comes in `response.completed`.
 
@@ -25,7 +25,6 @@ from aiohttp import web
 
 from classifier.policy import Route
 from gateway.backends.pool import Backend, Upstream
-from gateway.passthrough import forward, targets_for
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from gateway.wire.life import UPSTREAM_ERROR_EVENT, Meter
 from gateway.wire.proxy import loads_object, usage_in
@@ -175,12 +174,3 @@ async def _has(
             return resp.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False
-
-
-async def stored(request: web.Request) -> web.StreamResponse:
-    """GET /v1/responses/{response_id} and POST .../cancel: to the server that stored
-    it; an id no server has goes to any healthy one, which answers vLLM's own 404."""
-    owner = await owner_of(request.app, request.match_info["response_id"])
-    pool = request.app[BACKENDS]
-    targets = [(pool.of(owner.route), owner.upstream)] if owner else targets_for(request)
-    return await forward(request, targets)

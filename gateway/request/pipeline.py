@@ -1,28 +1,32 @@
-"""HTTP handlers. The request path, in order: parse, features, decide, forward, record."""
+"""The request pipeline: read, analyse, live state, decide, dispatch, settle.
+
+`generate` runs one request the whole way for the standalone gateway's routed
+endpoints (gateway/endpoints.py). The Envoy picker (gateway/extproc/stream.py)
+runs the same stages in Envoy's order (analyse, live_state, route_override,
+ask_for_usage, settle) and /decide (gateway/decision.py) the first three, so all
+three read, decide and learn alike.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.resources
 from typing import Any
 
-import aiohttp
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from classifier.features import Endpoint, FeatureOptions, RequestFeatures, extract_features
 from classifier.policy import Decision, LiveState, Route
 from classifier.tokens import TokenCounter
-from gateway import responses
 from gateway.backends.live import for_decision
 from gateway.config import Config
-from gateway.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, dispatch
-from gateway.errors import LOGGED, APIError, draining, error_response, request_id
+from gateway.errors import LOGGED, APIError, draining, request_id
 from gateway.outcomes.accounting import count_request, log_request
 from gateway.outcomes.learning import learn, predicted_header
 from gateway.outcomes.outcome_log import outcome_line
+from gateway.request import responses
+from gateway.request.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, dispatch
 from gateway.runtime import Snapshot
 from gateway.state import (
     BACKENDS,
@@ -33,7 +37,6 @@ from gateway.state import (
     RECORDER,
     RNG,
     RUNTIME,
-    SESSION,
     SHADOWS,
     TOKENS,
 )
@@ -45,19 +48,9 @@ _BIG_BODY = 256 * 1024  # parsing and reading it take a millisecond or more
 _JSON_TYPES = ("application/json", "application/octet-stream")
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, Endpoint.CHAT)
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, Endpoint.COMPLETIONS)
-
-
-async def create_response(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, Endpoint.RESPONSES)
-
-
-async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    """One request, the whole way: read and analyse it, decide its route in its
+    pair, dispatch it, and settle its record whatever happens (cancellation too)."""
     app = request.app
     snapshot = app[RUNTIME].current  # one config for the whole request, whatever reloads
     config = snapshot.config
@@ -231,83 +224,3 @@ def ask_for_usage(body: dict[str, Any], raw: bytes, endpoint: Endpoint) -> tuple
         # usage anywhere, so the stream must not start carrying it per event.
         patched["continuous_usage_stats"] = False
     return with_member(raw, "stream_options", patched), True
-
-
-async def models(request: web.Request) -> web.Response:
-    """The union of the backends' models (they normally serve the same one)."""
-    app = request.app
-    if app[RUNTIME].draining:
-        raise draining()
-    session = app[SESSION]
-    timeout = app[RUNTIME].current.config.upstream.health_timeout_s
-    urls = [(b, u.url) for b in app[BACKENDS] for u in b.upstreams]
-    answers = await asyncio.gather(
-        *(_get_models(session, url, b.headers, timeout) for b, url in urls)
-    )
-    seen: dict[str, dict[str, Any]] = {}
-    for data in answers:
-        for model in data or ():
-            seen.setdefault(str(model.get("id")), model)
-    if not any(a is not None for a in answers):
-        raise APIError(502, "no backend answered /v1/models", code="upstream_unavailable")
-    return web.json_response({"object": "list", "data": list(seen.values())})
-
-
-async def _get_models(
-    session: aiohttp.ClientSession, base_url: str, headers: dict[str, str], timeout_s: float
-) -> list[dict[str, Any]] | None:
-    try:
-        async with session.get(
-            f"{base_url}/v1/models",
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
-            if resp.status != 200:
-                return None
-            payload = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return None
-    data = payload.get("data") if isinstance(payload, dict) else None
-    return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else None
-
-
-async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def ready(request: web.Request) -> web.Response:
-    """From the health prober's last results: a readiness probe must not become
-    a load generator for the backends' /health (1,000 calls/s would be 2,000)."""
-    app = request.app
-    if app[RUNTIME].draining:
-        return error_response(503, "the gateway is shutting down", code="draining")
-    pool = app[BACKENDS]
-    if not pool.probed:  # before the prober's first round: ask now, once
-        await pool.probe_all(app[SESSION], app[RUNTIME].current.config.upstream.health_timeout_s)
-    backends = {b.route.value: b.healthy for b in pool}
-    if not any(b.healthy or b.reachable for b in pool):
-        return error_response(503, f"no backend is healthy: {backends}", code="not_ready")
-    # Whether the speculative server sends per-request metrics (null until a
-    # speculative answer says), and so where the router's acceptance comes from.
-    sources = pool.sources
-    return web.json_response(
-        {
-            "status": "ready",
-            "backends": backends,
-            "per_request_metrics": sources.per_request_metrics,
-            "acceptance_source": sources.in_use,
-        }
-    )
-
-
-_OPENAPI = importlib.resources.files("gateway").joinpath("openapi.json").read_bytes()
-
-
-async def openapi(request: web.Request) -> web.Response:
-    """The gateway's own OpenAPI description (the fields it reads and its errors)."""
-    return web.Response(body=_OPENAPI, content_type="application/json")
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
