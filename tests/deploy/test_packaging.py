@@ -290,14 +290,20 @@ def test_ext_proc_without_grpc_says_which_extra() -> None:
     )
 
 
-def test_server_commands_run_without_grpc() -> None:
-    """`serve` and `profile` import nothing of gRPC: the envoy extra is for ext-proc only."""
+@pytest.mark.parametrize("command", ["serve", "profile"])
+def test_server_commands_run_without_grpc(command: str, tmp_path: Path) -> None:
+    """`serve` and `profile` import nothing of gRPC: the envoy extra is for ext-proc only.
+    Through the CLI, whatever module each lives in: both import their code, then stop on a
+    config file that is not there (exit 2, the config's own message)."""
     code = (
         "import sys; sys.modules['grpc'] = None; sys.modules['google.protobuf'] = None; "
-        "import gateway.app, gateway.serve, gateway.profiling.cli, gateway.cli"
+        "import gateway.app; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
     )
-    result = run([sys.executable, "-c", code], cwd=ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
+    missing = tmp_path / "missing.toml"
+    result = run([sys.executable, "-c", code, command, "--config", str(missing)], cwd=ROOT)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "grpc" not in result.stderr
+    assert str(missing) in result.stderr
 
 
 def test_the_install_lines_take_both_distributions_from_the_checkout() -> None:
