@@ -17,7 +17,8 @@ import aiohttp
 from aiohttp import web
 
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from gateway import decision, endpoints, figures, passthrough, ui
+from gateway import ui
+from gateway.api import decide, passthrough, service, stats, v1
 from gateway.auth import Keys, auth_middleware
 from gateway.backends.pool import BackendPool
 from gateway.config import Config
@@ -86,14 +87,14 @@ def create_app(
     app[RESPONSE_OWNERS] = ResponseOwners()
     if forward:
         _add_forwarding_routes(app)
-    app.router.add_get("/health", endpoints.health)
-    app.router.add_get("/ready", endpoints.ready)
-    app.router.add_get("/metrics", endpoints.metrics)
-    app.router.add_get("/openapi.json", endpoints.openapi)
+    app.router.add_get("/health", service.health)
+    app.router.add_get("/ready", service.ready)
+    app.router.add_get("/metrics", service.metrics)
+    app.router.add_get("/openapi.json", service.openapi)
     # A dry-run decision and the live figures (the side-by-side page reads them).
-    app.router.add_post("/decide/v1/chat/completions", decision.chat_completions)
-    app.router.add_post("/decide/v1/completions", decision.completions)
-    app.router.add_get("/stats", figures.stats)
+    app.router.add_post("/decide/v1/chat/completions", decide.chat_completions)
+    app.router.add_post("/decide/v1/completions", decide.completions)
+    app.router.add_get("/stats", stats.stats)
     if forward:
         # The side-by-side page, and last every other path of vLLM's server, passed
         # through or refused by its fate.
@@ -104,12 +105,12 @@ def create_app(
 
 
 def _add_forwarding_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", endpoints.chat_completions)
-    app.router.add_post("/v1/completions", endpoints.completions)
-    app.router.add_post("/v1/responses", endpoints.create_response)
-    app.router.add_get("/v1/responses/{response_id}", endpoints.stored)
-    app.router.add_post("/v1/responses/{response_id}/cancel", endpoints.stored)
-    app.router.add_get("/v1/models", endpoints.models)
+    app.router.add_post("/v1/chat/completions", v1.chat_completions)
+    app.router.add_post("/v1/completions", v1.completions)
+    app.router.add_post("/v1/responses", v1.create_response)
+    app.router.add_get("/v1/responses/{response_id}", v1.stored)
+    app.router.add_post("/v1/responses/{response_id}/cancel", v1.stored)
+    app.router.add_get("/v1/models", v1.models)
 
 
 def _current_keys(request: web.Request) -> Keys:

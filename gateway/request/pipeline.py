@@ -1,9 +1,9 @@
 """The request pipeline: read, analyse, live state, decide, dispatch, settle.
 
 `generate` runs one request the whole way for the standalone gateway's routed
-endpoints (gateway/endpoints.py). The Envoy picker (gateway/extproc/stream.py)
+endpoints (gateway/api/v1.py). The Envoy picker (gateway/extproc/stream.py)
 runs the same stages in Envoy's order (analyse, live_state, route_override,
-ask_for_usage, settle) and /decide (gateway/decision.py) the first three, so all
+ask_for_usage, settle) and /decide (gateway/api/decide.py) the first three, so all
 three read, decide and learn alike.
 """
 

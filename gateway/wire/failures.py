@@ -5,7 +5,7 @@ A backend refuses, times out, stalls, drips, cuts its answer short, sends what n
 HTTP or SSE parser takes, or ends a stream before its end. Each is one
 UpstreamFailure, from `upstream_failure`, whether it happened in a routed request
 (gateway/request/dispatch.py, gateway/wire/proxy.py) or a passed-through one
-(gateway/passthrough.py): its kind is the label of specroute_upstream_errors_total,
+(gateway/api/passthrough.py): its kind is the label of specroute_upstream_errors_total,
 and it counts towards ejecting the backend.
 """
 

@@ -108,7 +108,7 @@ async def test_unknown_content_type_is_415(gateway: Client) -> None:
 
 
 async def test_unknown_path_is_the_backends_404_and_wrong_method_405(gateway: Client) -> None:
-    """An unknown path is passed through (gateway/passthrough.py): the backend's own
+    """An unknown path is passed through (gateway/api/passthrough.py): the backend's own
     answer, here the fake upstream's aiohttp 404; a wrong method on the gateway's
     own route is the gateway's 405."""
     missing = await gateway.get("/v1/nothing-here")

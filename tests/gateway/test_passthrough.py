@@ -18,8 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 
 from classifier.tokens import TokenCounter
+from gateway.api.passthrough import Fate, fate_of
 from gateway.app import create_app
-from gateway.passthrough import Fate, fate_of
 from gateway.state import RUNTIME
 from tests.gateway.conftest import make_config
 from tests.gateway.fake_vllm_rest import FakeVllmRest

