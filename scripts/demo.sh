@@ -7,7 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
-echo "specroute demo: installing into .venv (about a minute the first time)..." >&2
+echo "specroute demo: installing into .venv the first time (docs/testing.md says how long)..." >&2
 if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check \
     -e . -e ./tooling >.venv/pip.log 2>&1; then
     cat .venv/pip.log >&2
