@@ -262,6 +262,27 @@ async def test_a_scraped_shadow_is_not_another_client(
     assert corrected.baseline.others == 0 and corrected.baseline.running == 0
 
 
+async def test_another_clients_requests_in_a_scrape_cancel_a_running_shadow(
+    gateway_for: GatewayFactory, base_upstream: FakeUpstream, spec_upstream: FakeUpstream
+) -> None:
+    """Another replica's or a direct client's batch on the GPU: the shadow gives way,
+    though no request through this gateway arrived (user_arrived never fires)."""
+    base_upstream.chunk_delay_s = 1.0
+    idle = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+    base_upstream.metrics_text = spec_upstream.metrics_text = idle
+    gateway = await gateway_for(shadow=SHARE_ALL, upstream={"scrape_interval_s": 0.05})
+    await (await gateway.post("/v1/chat/completions", json=STRUCTURED)).read()
+    await wait_until(base_upstream.arrived.is_set, "the shadow to reach the baseline")
+    await wait_until(lambda: shadows(gateway, "cancelled") == 0, "it runs")
+    assert not base_upstream.cancelled.is_set()
+    # The speculative server, the shadow's neighbour on the GPU, now runs 3 of another's.
+    spec_upstream.metrics_text = idle.replace("running 0", "running 3")
+    await wait_until(base_upstream.cancelled.is_set, "the shadow to give way")
+    assert shadows(gateway, "cancelled") == 1
+    assert shadows(gateway, "completed") == 0
+    assert user_requests(gateway) == 1
+
+
 def test_the_shadow_table_is_checked() -> None:
     backends = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2"]}}
     assert parse_config({"backends": backends}).shadow == ShadowConfig(True, 0.05, 1)
