@@ -16,7 +16,7 @@ other's step (an H200 measured 1.86-2.17, tooling/emulator/gpu/measured). The
 neighbour's step is not added to one's own: a 5.7 ms baseline step beside a busy
 12.9 ms speculative one took 10.7 ms, not 18.6.
 
-gateway/profiler.py measures it (I/O); this module only holds, reads and
+gateway/profiling/probes.py measures it (I/O); this module only holds, reads and
 writes it, so the decision core can use it without any socket. The JSON file
 names what it describes (each server's model, vLLM version, speculative
 config), so a restart reloads it and a changed server is profiled again.

@@ -20,7 +20,7 @@ rho is accepted drafts per decode step over k, every step counted: not vLLM's
 accepted / drafted, which counts only the steps that drafted. vLLM's n-gram
 drafter proposes nothing where the text has no match; on the real CPU pair a
 chat answer drafted on 2 of 61 steps at a rate of 0.38, 1.05 tokens a step
-where 1 + k * 0.38 says 2.5 (gateway/measure.py).
+where 1 + k * 0.38 says 2.5 (gateway/wire/acceptance.py).
 
 The rule, after the guards (kv-pressure, spec-busy: explicit and first):
 

@@ -1,8 +1,8 @@
 """GET /ui: the side-by-side page. Static HTML, CSS and a script, shipped in the package.
 
 One prompt on both routes, streamed next to each other, with the gateway's
-dry-run decision above them (gateway/decision.py) and its live figures beside
-them (gateway/figures.py). No build step, no framework, no CDN: the three
+dry-run decision above them (gateway/api/decide.py) and its live figures beside
+them (gateway/api/stats.py). No build step, no framework, no CDN: the three
 files are read once at import and served from memory, under a
 Content-Security-Policy that lets the page load and call nothing but this
 gateway, so it works offline.

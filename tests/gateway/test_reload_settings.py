@@ -56,6 +56,7 @@ def other_value(key: str, value: object, tmp_path: Path) -> object:
         "routing.tokenizer": "o200k_base",
         "logging.level": "error",
         "routing.tuning.contradiction_ratio": 2.0,
+        "routing.guards.spec_max_inflight": 8,  # unset by default: the profile's
         "routing.profile": "off",
         "record.redaction": "off",
         "routing.model_path": str(model_file(tmp_path)),
