@@ -77,10 +77,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "classifier")]
 import shared_gpu_sim  # noqa: E402
 
 from classifier.features import Endpoint, Workload, extract_features  # noqa: E402
-from classifier.policy import Policy, Route, StaticPolicy  # noqa: E402
 from classifier.profile import EngineProfile  # noqa: E402
 from classifier.router import ProfiledPolicy  # noqa: E402
+from classifier.rules import StaticPolicy  # noqa: E402
 from classifier.tokens import TokenCounter, load_tiktoken_counter  # noqa: E402
+from classifier.types import Policy, Route  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import UpstreamConfig, parse_config  # noqa: E402
 from gateway.runtime import build_policy  # noqa: E402

@@ -148,9 +148,9 @@ def decision_cost(samples: int) -> list[tuple[str, float, float]]:
     import random
 
     from classifier import Endpoint, ProfiledPolicy, RouterConfig, extract_features
-    from classifier.policy import BackendState, LiveState
     from classifier.router import prior_profile
     from classifier.tokens import load_tiktoken_counter
+    from classifier.types import BackendState, LiveState
 
     counter = load_tiktoken_counter()
     profile = dataclasses.replace(prior_profile(4, 0.1), source="emulated")

@@ -48,7 +48,7 @@ import structlog
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from classifier.policy import Route  # noqa: E402
+from classifier.types import Route  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
 from tests.gateway.chaos_support import (  # noqa: E402

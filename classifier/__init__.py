@@ -20,21 +20,12 @@ from classifier.features import (
     Workload,
     extract_features,
 )
-from classifier.policy import (
-    BackendState,
-    Decision,
-    FinishedRequest,
-    GuardsConfig,
-    LiveState,
-    Policy,
-    Route,
-    RulesConfig,
-    RulesPolicy,
-    StaticPolicy,
-)
+from classifier.guards import GuardsConfig
 from classifier.profile import EngineProfile, ProfileError
 from classifier.router import PROFILED_REASONS, ProfiledPolicy, RouterConfig
+from classifier.rules import RulesConfig, RulesPolicy, StaticPolicy
 from classifier.tokens import TokenCounter, TokenizerUnavailable, load_tiktoken_counter
+from classifier.types import BackendState, Decision, FinishedRequest, LiveState, Policy, Route
 
 __all__ = [
     "PROFILED_REASONS",

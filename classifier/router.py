@@ -56,19 +56,12 @@ from typing import Any
 
 from classifier.acceptance_model import AcceptanceModel
 from classifier.features import RequestFeatures, Workload
+from classifier.guards import DEFAULT_GUARDS, GuardsConfig
 from classifier.output_length import OutputLengthModel
-from classifier.policy import (
-    DEFAULT_GUARDS,
-    BackendState,
-    Decision,
-    FinishedRequest,
-    GuardsConfig,
-    LiveState,
-    Route,
-)
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
 from classifier.speculation import acceptance_rate, alpha_from_rate
 from classifier.traffic import Traffic
+from classifier.types import BackendState, Decision, FinishedRequest, LiveState, Route
 
 __all__ = [
     "PROFILED_REASONS",
@@ -367,6 +360,11 @@ class ProfiledPolicy:
     def profile(self) -> EngineProfile | None:
         """The measured profile in use (None: not in yet; decisions say "unprofiled")."""
         return self._profile
+
+    @property
+    def wants_profile(self) -> bool:
+        """Its costs come from the engine profile: the gateway measures one for it."""
+        return True
 
     def use_profile(self, profile: EngineProfile) -> None:
         """Take a new profile: its probes' acceptance becomes each workload's prior (what

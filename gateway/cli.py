@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
-from classifier.policy import Route
+from classifier.types import Route
 from gateway.config import (
     BackendConfig,
     BackendsConfig,

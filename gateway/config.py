@@ -21,8 +21,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from classifier.features import FeatureOptions
-from classifier.policy import GuardsConfig, Route, RulesConfig
+from classifier.guards import GuardsConfig
 from classifier.router import RouterConfig
+from classifier.rules import RulesConfig
+from classifier.types import Route
 
 
 class ConfigError(ValueError):

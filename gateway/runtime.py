@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from classifier.acceptance_model import AcceptanceModel, load_acceptance_model
-from classifier.policy import Policy, Route, RulesPolicy, StaticPolicy
 from classifier.router import ProfiledPolicy
+from classifier.rules import RulesPolicy, StaticPolicy
+from classifier.types import Policy, Route
 from gateway.auth import Keys, load_keys
 from gateway.config import Config, ConfigError
 from gateway.files import read_file
@@ -74,14 +75,17 @@ class Runtime:
 
 
 def carry_over(old: Policy, new: Policy) -> None:
-    """A rebuilt profiled policy keeps the profile and what was learned: its inputs
-    (the servers, the features) did not change, only how it weighs them."""
-    if old is new or not (isinstance(old, ProfiledPolicy) and isinstance(new, ProfiledPolicy)):
+    """A rebuilt policy keeps the profile and what was learned: its inputs (the servers,
+    the features) did not change, only how it weighs them. Between policies that learn
+    nothing, or to one of them, nothing passes."""
+    if old is new:
         return
-    if old.profile is not None:
+    if old.profile is not None and new.wants_profile:
         new.use_profile(old.profile)
-    with contextlib.suppress(ValueError):  # another k: what was learned does not apply
-        new.load_state(old.state_to_json())
+    learned = old.state_to_json()
+    if learned is not None:
+        with contextlib.suppress(ValueError):  # another k, another policy: it does not apply
+            new.load_state(learned)
 
 
 def build_policy(config: Config) -> Policy:

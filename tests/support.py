@@ -102,3 +102,33 @@ async def wait_until(
                 f"timed out after {timeout_s:g} s waiting for {what} ({seen})"
             ) from error
         await asyncio.sleep(interval_s)
+
+
+def whole_state(obj: object) -> object:
+    """Every value an object holds, down through its attributes (slots or __dict__) and
+    containers, as plain comparable data: two equal results mean nothing was written,
+    whatever a serialisation of it would have left out."""
+    seen: set[int] = set()
+
+    def walk(x: object) -> object:
+        if x is None or isinstance(x, bool | int | float | str | bytes):
+            return x
+        if id(x) in seen:
+            return ("<cycle>", type(x).__name__)
+        seen.add(id(x))
+        if isinstance(x, dict):
+            return ("dict", sorted((repr(k), walk(v)) for k, v in x.items()))
+        if isinstance(x, list | tuple):
+            return (type(x).__name__, [walk(v) for v in x])
+        if isinstance(x, set | frozenset):
+            return ("set", sorted(repr(walk(v)) for v in x))
+        names: list[str] = []
+        for cls in type(x).__mro__:
+            names.extend(getattr(cls, "__slots__", ()))
+        fields = {n: getattr(x, n) for n in names if hasattr(x, n)}
+        fields.update(getattr(x, "__dict__", {}))
+        if not fields:
+            return ("leaf", type(x).__name__, repr(x))
+        return (type(x).__name__, sorted((k, walk(v)) for k, v in fields.items()))
+
+    return walk(obj)

@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from classifier.policy import Route
+from classifier.types import Route
 from gateway.shadow.results import SIDES, PairedTiming, PairSums, shadow_log_path
 from tooling.bench.advice import Facts, from_bench, from_outcomes, speedup_text
 from tooling.bench.intervals import Interval, conclusion, ratio_of_sums

@@ -23,8 +23,8 @@ import math
 from aiohttp import web
 
 from classifier.features import Endpoint, RequestFeatures
-from classifier.policy import Decision, LiveState, Policy, Route
 from classifier.speculation import acceptance_rate, alpha_from_rate
+from classifier.types import Decision, LiveState, Policy, Route
 from gateway.request.pipeline import live_state, read_and_analyse
 from gateway.state import RUNTIME
 

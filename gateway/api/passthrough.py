@@ -32,7 +32,7 @@ from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
-from classifier.policy import Route
+from classifier.types import Route
 from gateway.backends.pool import Backend, Upstream
 from gateway.errors import LOGGED, APIError, draining, request_id
 from gateway.request.dispatch import ROUTE_HEADER, note_failure

@@ -25,9 +25,8 @@ from aiohttp import web
 from prometheus_client.metrics import MetricWrapperBase
 
 from classifier.features import Workload
-from classifier.policy import Route
-from classifier.router import ProfiledPolicy
 from classifier.speculation import acceptance_rate
+from classifier.types import Policy, Route
 from gateway.shadow.results import PairTotals
 from gateway.state import BACKENDS, CONFIG, METRICS, RUNTIME, SHADOWS
 from gateway.telemetry import Metrics
@@ -74,9 +73,9 @@ async def stats(request: web.Request) -> web.Response:
     )
 
 
-def _profile(policy: object) -> dict[str, Any] | None:
-    """The profiled policy's engine profile and its drift (None for other policies)."""
-    if not isinstance(policy, ProfiledPolicy):
+def _profile(policy: Policy) -> dict[str, Any] | None:
+    """The engine profile and its drift (None for a policy that wants none)."""
+    if not policy.wants_profile:
         return None
     profile = policy.profile
     return {

@@ -41,7 +41,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Protocol
 
-from classifier.policy import BackendState, LiveState, Route
+from classifier.types import BackendState, LiveState, Route
 from gateway.backends.pool import BackendPool
 
 

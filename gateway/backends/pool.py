@@ -27,7 +27,7 @@ import structlog
 
 from classifier.attribution import DecodeLog
 from classifier.features import RequestFeatures, Workload
-from classifier.policy import BackendState, LiveState, Route
+from classifier.types import BackendState, LiveState, Route
 from gateway.backends.acceptance_sources import AcceptanceSources
 from gateway.backends.scraper import (
     Acceptance,

@@ -8,22 +8,17 @@ router believes next to what it measured.
 
 from __future__ import annotations
 
-from classifier.policy import Decision, Policy
-from classifier.router import ProfiledPolicy
+from classifier.types import Decision, Policy
 from gateway.telemetry import Metrics
 from gateway.wire.life import Lesson, RequestRecord
 
 
 def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:
     lesson = record.lesson
-    if (
-        isinstance(policy, ProfiledPolicy)
-        and record.failover_from is not None
-        and record.features is not None
-    ):
+    if record.failover_from is not None and record.features is not None:
         policy.learn_failure(record.failover_from, record.features)  # failed before a byte
     if lesson is None:
-        if isinstance(policy, ProfiledPolicy) and _route_failed(record):
+        if _route_failed(record):
             assert record.route is not None and record.features is not None
             policy.learn_failure(record.route, record.features)
         return
@@ -38,12 +33,9 @@ def learn(policy: Policy, metrics: Metrics, record: RequestRecord) -> None:
 
 
 def learn_shadow(policy: Policy, metrics: Metrics, lesson: Lesson) -> None:
-    """A shadow copy's answer (gateway/shadow/runner.py): the profiled policy learns it as a
-    measurement at no user's expense; other policies learn it as any answer."""
-    if isinstance(policy, ProfiledPolicy):
-        policy.learn_shadow(lesson)
-    else:
-        policy.learn(lesson)
+    """A shadow copy's answer (gateway/shadow/runner.py): a measurement at no user's
+    expense, for the policy that learns from one."""
+    policy.learn_shadow(lesson)
     _show_beliefs(policy, metrics)
 
 

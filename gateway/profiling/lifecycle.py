@@ -26,9 +26,8 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from classifier.policy import Route
 from classifier.profile import EngineProfile, ProfileError, ServerIdentity
-from classifier.router import ProfiledPolicy
+from classifier.types import Policy, Route
 from gateway.config import Config
 from gateway.files import read_optional
 from gateway.profiling.probes import ProbeFailed, ProfileTarget, identify, measure_profile
@@ -86,9 +85,10 @@ async def current_identities(
     return found
 
 
-def _policy(app: web.Application) -> ProfiledPolicy | None:
+def _policy(app: web.Application) -> Policy | None:
+    """The policy in use, if it decides on an engine profile (it wants one measured)."""
     policy = app[RUNTIME].current.policy
-    return policy if isinstance(policy, ProfiledPolicy) else None
+    return policy if policy.wants_profile else None
 
 
 async def profile_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -115,8 +115,8 @@ async def profile_ctx(app: web.Application) -> AsyncIterator[None]:
         _save_state(policy, routing.state_path)
 
 
-def _load_state(policy: ProfiledPolicy, path: str) -> None:
-    def take(data: bytes) -> ProfiledPolicy:
+def _load_state(policy: Policy, path: str) -> None:
+    def take(data: bytes) -> Policy:
         policy.load_state(json.loads(data))  # all or nothing
         return policy
 
@@ -124,9 +124,12 @@ def _load_state(policy: ProfiledPolicy, path: str) -> None:
         log.info("router_state_loaded", path=path)
 
 
-def _save_state(policy: ProfiledPolicy, path: str) -> None:
+def _save_state(policy: Policy, path: str) -> None:
+    learned = policy.state_to_json()
+    if learned is None:
+        return
     try:
-        save_json(path, json.dumps(policy.state_to_json()) + "\n")
+        save_json(path, json.dumps(learned) + "\n")
     except OSError as exc:
         log.warning("router_state_not_saved", path=path, error=str(exc))
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from classifier.policy import Route
+from classifier.types import Route
 from gateway.backends.pool import Backend, BackendPool, Upstream
 from gateway.config import Config
 from gateway.errors import APIError

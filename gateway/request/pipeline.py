@@ -17,8 +17,8 @@ import structlog
 from aiohttp import web
 
 from classifier.features import Endpoint, FeatureOptions, RequestFeatures, extract_features
-from classifier.policy import Decision, LiveState, Route
 from classifier.tokens import TokenCounter
+from classifier.types import Decision, LiveState, Route
 from gateway.backends.live import for_decision
 from gateway.config import Config
 from gateway.errors import LOGGED, APIError, draining, request_id

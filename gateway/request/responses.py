@@ -23,7 +23,7 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from classifier.policy import Route
+from classifier.types import Route
 from gateway.backends.pool import Backend, Upstream
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from gateway.wire.life import UPSTREAM_ERROR_EVENT, Meter

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from classifier.features import Endpoint, RequestFeatures
-from classifier.policy import Route
+from classifier.types import Route
 from gateway.wire.acceptance import MeasuredAcceptance, measured_acceptance
 from gateway.wire.life import AttributedRate, RequestRecord
 from gateway.wire.proxy import has_token, loads_object

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from classifier.features import Workload
-from classifier.policy import LiveState, Route
+from classifier.types import LiveState, Route
 from gateway.outcomes.accounting import rounded
 from gateway.shadow.copy import Primary, ShadowAnswer
 from gateway.telemetry import Metrics

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import aiohttp
 import structlog
 
-from classifier.policy import LiveState, Route
+from classifier.types import LiveState, Route
 from gateway.backends.live import pair_state
 from gateway.backends.pool import BackendPool, Upstream
 from gateway.backends.scraper import Scrape

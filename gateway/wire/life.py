@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from classifier.features import Endpoint, RequestFeatures, Workload
-from classifier.policy import Decision, LiveState, Route
+from classifier.types import Decision, LiveState, Route
 from gateway.wire.acceptance import MeasuredAcceptance, measured_acceptance, reports_spec_metrics
 
 CLIENT_DISCONNECT = "client_disconnect"

@@ -24,7 +24,7 @@ from classifier import (
     Workload,
     extract_features,
 )
-from classifier.policy import DEFAULT_GUARDS
+from classifier.guards import DEFAULT_GUARDS
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 IDLE = LiveState(BackendState(), BackendState())

@@ -9,10 +9,12 @@ from dataclasses import replace
 import pytest
 
 from classifier.features import Endpoint, RequestFeatures, Workload
-from classifier.policy import BackendState, GuardsConfig, LiveState, Route
+from classifier.guards import GuardsConfig
 from classifier.profile import Curve, EngineProfile, ProfileError, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
+from classifier.types import BackendState, LiveState, Route
 from gateway.wire.life import Lesson
+from tests.support import whole_state
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 K = 4
@@ -134,12 +136,23 @@ def test_a_profile_survives_its_json_and_a_bad_file_is_an_error_not_a_crash() ->
 
 
 def test_decide_is_pure_and_says_why() -> None:
-    policy = make(profile())
-    before = json.dumps(policy.state_to_json(), sort_keys=True)
+    """decide() writes nothing: the policy's whole state (every attribute, the profile,
+    the beliefs, the traffic, the drift), not one serialisation of it, is unchanged."""
+    policy = make(profile(2.0, {Workload.CODE: 3.2}))
+    for workload in (Workload.CODE, Workload.CHAT, Workload.STRUCTURED):
+        policy.learn(answer(policy, feats(workload), SPEC, 0.5))
+    busy = LiveState(
+        BackendState(inflight=3, mix=((Workload.CODE, 3),), last_start=2), IDLE.baseline
+    )
+    before = whole_state(policy)
     first = policy.decide(feats(Workload.CODE), IDLE, 0, random.Random(1))
     again = policy.decide(feats(Workload.CODE), IDLE, 0, random.Random(1))
     assert first == again
-    assert json.dumps(policy.state_to_json(), sort_keys=True) == before
+    for state in (IDLE, busy):
+        for workload in Workload:
+            policy.decide(feats(workload), state, 0, random.Random(2))
+            policy.predict(feats(workload), state)
+    assert whole_state(policy) == before
     assert first.why is not None
     assert {"rule", "acceptance", "cost_s", "profile"} <= set(first.why)
     assert set(first.predicted_s or {}) == {SPEC, BASE}

@@ -24,7 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from classifier.policy import Route
+from classifier.types import Route
 from deploy.envoy.render import POOL_BOOTSTRAP
 from gateway.app import create_app
 from gateway.cli import _add_ext_proc_arguments

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import aiohttp
 from aiohttp import web
 
-from classifier.policy import Route
+from classifier.types import Route
 from gateway.config import Config, parse_config
 from gateway.request.dispatch import FAILOVER_HEADER, REASON_HEADER, ROUTE_HEADER
 from gateway.state import BACKENDS

@@ -51,8 +51,8 @@ import structlog
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from classifier.policy import Route
 from classifier.tokens import TokenCounter
+from classifier.types import Route
 from gateway.app import create_app
 from gateway.state import BACKENDS
 from tests.gateway.chaos_support import (

@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from classifier import Endpoint, TokenCounter, Workload, extract_features
-from classifier.policy import GuardsConfig, Route
+from classifier.guards import GuardsConfig
 from classifier.router import RouterConfig
+from classifier.types import Route
 from gateway.cli import resolve_config
 from gateway.config import Config, ConfigError, Pairing, load_config, parse_config
 

@@ -18,8 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from classifier.policy import Route
 from classifier.tokens import TokenCounter
+from classifier.types import Route
 from gateway.app import create_app
 from gateway.state import BACKENDS
 from tests.gateway.conftest import ClientFactory, ServerFactory, make_config

@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from classifier.policy import Route
 from classifier.tokens import TokenCounter
+from classifier.types import Route
 from gateway.app import create_app
 from gateway.state import BACKENDS
 from tests.gateway.conftest import ClientFactory, RawUpstreams, make_config

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 
-from classifier.policy import BackendState
+from classifier.types import BackendState
 from gateway.state import BACKENDS
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream

@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from classifier.features import Endpoint, extract_features
-from classifier.policy import Route
 from classifier.tokens import TokenCounter
+from classifier.types import Route
 from gateway.request.pipeline import live_state
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from tests.gateway.conftest import GatewayFactory

@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 
 from classifier.features import Endpoint, Workload, extract_features
-from classifier.policy import Route
 from classifier.tokens import TokenCounter
+from classifier.types import Route
 from gateway.backends.pool import Upstream
 from gateway.request.responses import RESPONSE_OWNERS, Owner, ResponseOwners
 from tests.gateway.fake_vllm_rest import WORDS, FakeVllmRest

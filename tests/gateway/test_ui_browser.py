@@ -27,8 +27,8 @@ import aiohttp
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
-from classifier.policy import Route
 from classifier.tokens import TokenCounter
+from classifier.types import Route
 from gateway.app import create_app
 from gateway.state import BACKENDS
 from tests.support import require_tool, wait_until

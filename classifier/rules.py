@@ -1,0 +1,160 @@
+"""The policies without a cost model: the seed's checklist of rules, and one fixed route.
+
+Neither learns: their learning calls are no-ops (Unlearning), so the gateway treats
+them as it treats the profiled policy.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from classifier.features import FeatureOptions, RequestFeatures, Workload
+from classifier.guards import DEFAULT_GUARDS, GuardsConfig
+from classifier.profile import EngineProfile
+from classifier.types import BackendState, Decision, FinishedRequest, LiveState, Route
+
+__all__ = ["RulesConfig", "RulesPolicy", "StaticPolicy", "Unlearning"]
+
+_DEFAULT_FEATURES = FeatureOptions()
+
+
+class Unlearning:
+    """The learning half of the Policy protocol for a policy with nothing to learn."""
+
+    __slots__ = ()
+
+    def learn(self, outcome: FinishedRequest) -> None:
+        """Nothing to learn."""
+
+    def learn_failure(self, route: Route, features: RequestFeatures) -> None:
+        """Nothing to learn."""
+
+    def learn_shadow(self, outcome: FinishedRequest) -> None:
+        """Nothing to learn."""
+
+    def use_profile(self, profile: EngineProfile) -> None:
+        """No profile is used."""
+
+    def load_state(self, raw: object) -> None:
+        """Nothing was learned to load."""
+
+    @property
+    def wants_profile(self) -> bool:
+        return False
+
+    @property
+    def profile(self) -> EngineProfile | None:
+        return None
+
+    def profile_contradicted(self) -> bool:
+        return False
+
+    def drift(self) -> Mapping[Route, float]:
+        return {}
+
+    def state_to_json(self) -> dict[str, Any] | None:
+        return None
+
+    def estimated_acceptance(self) -> Mapping[Workload, float]:
+        return {}
+
+    def shared_gpu(self, pair: int = 0) -> bool | None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class RulesConfig:
+    structured_max_temperature: float = 0.3
+    prefill_ratio: float = 8.0  # prompt/expected output tokens above this -> baseline
+    default_route: Route = Route.SPECULATIVE
+
+
+class RulesPolicy(Unlearning):
+    """The seed's checklist; the first rule that applies decides.
+
+    1. kv-pressure: the speculative server's KV cache is nearly full (a draft
+       adds KV per step; preemption there costs more than speculation saves).
+    2. spec-busy: the speculative server runs spec_max_inflight (unset:
+       UNPRICED_SPEC_MAX_INFLIGHT, the rules price no batch) or more requests
+       (the gateway's count or its own, whichever is higher): a big batch
+       leaves no spare compute for the draft. 1-2 are the GuardsConfig.
+    3. high-temperature: a creative request (explicit temperature at/above
+       features.creative_min_temperature, see extract_features) or any request
+       sampling above it. A temperature merely inherited from a 1.0 default is not
+       "high": at T=1 the target samples its own distribution, which the
+       draft imitates.
+    4. prefill-bound: prompt_tokens / expected_output_tokens > prefill_ratio;
+       prefill is the same on both routes, so speculation has little to win.
+       It comes before the content rules: a structured request with a 6k
+       prompt and max_tokens 16 is still prefill-bound.
+    5. structured-low-temp, 6. code-low-temp: structured output or code at
+       temperature <= structured_max_temperature: drafts are accepted often.
+    7. default: config.default_route.
+    Finally, if the chosen backend is unhealthy and the other is healthy, the
+    other answers ("unhealthy-fallback"); with both down the choice stands.
+    """
+
+    __slots__ = ("_config", "_creative", "_guards")
+
+    def __init__(
+        self,
+        config: RulesConfig,
+        *,
+        guards: GuardsConfig = DEFAULT_GUARDS,
+        features: FeatureOptions = _DEFAULT_FEATURES,
+    ) -> None:
+        self._config = config
+        self._guards = guards
+        self._creative = features.creative_min_temperature  # the one extract_features used
+
+    @property
+    def config(self) -> RulesConfig:
+        return self._config
+
+    def decide(
+        self,
+        features: RequestFeatures,
+        state: LiveState,
+        pair: int = 0,
+        rng: random.Random | None = None,
+    ) -> Decision:
+        route, reason = self._rules(features, state.speculative)
+        if not state.of(route).healthy and state.of(route.other).healthy:
+            return Decision(route.other, "unhealthy-fallback")
+        return Decision(route, reason)
+
+    def _rules(self, f: RequestFeatures, spec: BackendState) -> tuple[Route, str]:
+        cfg = self._config
+        if (guard := self._guards.reason(spec)) is not None:
+            return Route.BASELINE, guard
+        if f.workload is Workload.CREATIVE or f.temperature > self._creative:
+            return Route.BASELINE, "high-temperature"
+        if f.prompt_tokens > cfg.prefill_ratio * max(1, f.expected_output_tokens):
+            return Route.BASELINE, "prefill-bound"
+        low_temp = f.temperature <= cfg.structured_max_temperature
+        if f.structured and low_temp:
+            return Route.SPECULATIVE, "structured-low-temp"
+        if f.code_like and low_temp:
+            return Route.SPECULATIVE, "code-low-temp"
+        return cfg.default_route, "default"
+
+
+class StaticPolicy(Unlearning):
+    """Always the same route: the trivial baseline router to compare against."""
+
+    __slots__ = ("_route",)
+
+    def __init__(self, route: Route) -> None:
+        self._route = route
+
+    def decide(
+        self,
+        features: RequestFeatures,
+        state: LiveState,
+        pair: int = 0,
+        rng: random.Random | None = None,
+    ) -> Decision:
+        return Decision(self._route, "static")

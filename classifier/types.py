@@ -1,0 +1,202 @@
+"""The vocabulary every policy shares: routes, live state, a decision, the protocol.
+
+Features + live backend state -> Decision(route, reason).
+
+A policy is a small object (RouteLLM's router shape) with no I/O and no clock:
+decide() reads and never writes, and its only randomness is the caller's rng (a
+Thompson draw), so the same inputs and rng state give the same decision, and every
+decision says why in a short, low-cardinality reason (a metric label). What it
+learns it learns in learn() and the other learning hooks, from the gateway's
+measurements; it is not pure in the sense of stateless.
+
+A host with N GPUs runs N pairs (a speculative and a baseline server on each
+GPU). The gateway picks the pair first and hands the policy that pair's
+LiveState and its index (`pair`, 0 .. N-1; 0 for a single pair). The profiled
+policy keeps one profile and one set of beliefs for all pairs (the pairs run the
+same model and configuration); each FinishedRequest names the pair its decision
+was made for.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from classifier.features import RequestFeatures, Workload
+
+if TYPE_CHECKING:
+    from classifier.profile import EngineProfile
+
+__all__ = [
+    "BackendState",
+    "Decision",
+    "FinishedRequest",
+    "LiveState",
+    "Policy",
+    "Route",
+]
+
+
+class Route(StrEnum):
+    SPECULATIVE = "speculative"
+    BASELINE = "baseline"
+
+    @property
+    def other(self) -> Route:
+        return Route.BASELINE if self is Route.SPECULATIVE else Route.SPECULATIVE
+
+
+@dataclass(frozen=True, slots=True)
+class BackendState:
+    inflight: int = 0  # the gateway's own in-flight count for that backend
+    healthy: bool = True
+    running: int | None = None  # scraped vllm:num_requests_running (None = unknown)
+    waiting: int | None = None  # scraped vllm:num_requests_waiting
+    kv_cache_usage: float | None = None  # scraped vllm:kv_cache_usage_perc, 0..1
+    # Prompt tokens of the gateway's streamed requests there that have no first
+    # token yet: a new request's prefill queues behind them (chunked prefill
+    # serves prompts in arrival order). Non-streamed requests are not counted
+    # (their first token is not seen), so this is a lower bound.
+    prefill_tokens: int = 0
+    # Requests there that the gateway did not send (other clients), as of the last
+    # scrape: the server's running + waiting then, less the gateway's in-flight
+    # count then. None: not known that way (a bare snapshot).
+    others: int | None = None
+    # The gateway's requests in flight there, per workload (the carrier rule's mix).
+    mix: tuple[tuple[Workload, int], ...] = ()
+    # The gateway's newest request there, numbered across all backends (0: none):
+    # the server a busy GPU's batch is heading to, while the other still drains.
+    last_start: int = 0
+
+    @property
+    def load(self) -> int:
+        """Requests in flight there: the gateway's own (exact, live) plus other clients'.
+
+        Without `others`, the gateway's count or the server's running, the higher.
+        The server's count alone is a scrape old: it said 2 running on a server the
+        gateway had just seen finish both, and the cost model sent creative text
+        to the speculative server because the baseline "had" a batch.
+        """
+        if self.others is not None:
+            return self.inflight + self.others
+        return max(self.inflight, self.running or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    speculative: BackendState
+    baseline: BackendState
+
+    def of(self, route: Route) -> BackendState:
+        return self.speculative if route is Route.SPECULATIVE else self.baseline
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    route: Route
+    reason: str
+    predicted_s: Mapping[Route, float] | None = None  # filled by the cost model
+    # Why, for the request's log line and /decide: the predictions' parts, the
+    # acceptance used and the rule that decided (the profiled policy fills it).
+    why: Mapping[str, object] | None = None
+
+
+class FinishedRequest(Protocol):
+    """One finished, successful request, as the gateway measured it: what a policy learns from."""
+
+    @property
+    def route(self) -> Route: ...  # the route that answered
+    @property
+    def features(self) -> RequestFeatures: ...
+    @property
+    def state(self) -> LiveState: ...  # the snapshot the decision was made from
+    @property
+    def ttft_s(self) -> float | None: ...  # streamed only
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...  # the backend's usage
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def acceptance(self) -> float | None: ...  # accepted drafts per step / k, speculative only
+    @property
+    def predicted_s(self) -> float | None: ...  # the prediction for the route that answered
+    @property
+    def pair(self) -> int: ...  # the pair its decision was made for (its `state`'s)
+
+
+class Policy(Protocol):
+    """What the gateway holds and calls, whatever the policy: one decision per request,
+    and every way it learns. A policy with nothing to learn makes the learning calls
+    no-ops, so no gateway module asks which policy it holds."""
+
+    def decide(
+        self,
+        features: RequestFeatures,
+        state: LiveState,
+        pair: int = 0,
+        rng: random.Random | None = None,
+    ) -> Decision:
+        """The route within `pair`, whose endpoints `state` describes; `rng`, the
+        caller's, for a policy that explores by drawing (None: no draw). Reads only."""
+        ...
+
+    # ---- learning: the only writers --------------------------------------------------
+
+    def learn(self, outcome: FinishedRequest) -> None:
+        """One finished, successful answer."""
+        ...
+
+    def learn_failure(self, route: Route, features: RequestFeatures) -> None:
+        """An answer `route` failed (an error status, a stream that broke)."""
+        ...
+
+    def learn_shadow(self, outcome: FinishedRequest) -> None:
+        """A shadow copy's answer: a measurement at no user's expense."""
+        ...
+
+    def use_profile(self, profile: EngineProfile) -> None:
+        """The servers' engine profile, measured or reloaded."""
+        ...
+
+    def load_state(self, raw: object) -> None:
+        """What an earlier run learned (state_to_json's); ValueError when it does not
+        apply, and then nothing is taken."""
+        ...
+
+    # ---- what it holds -----------------------------------------------------------------
+
+    @property
+    def wants_profile(self) -> bool:
+        """Whether it decides on an engine profile: only then does the gateway measure one."""
+        ...
+
+    @property
+    def profile(self) -> EngineProfile | None:
+        """The engine profile in use (None: none yet, or none wanted)."""
+        ...
+
+    def profile_contradicted(self) -> bool:
+        """Whether live traffic says the profile is wrong: profile again."""
+        ...
+
+    def drift(self) -> Mapping[Route, float]:
+        """Live decode time over the profile's, per route (empty: no profile)."""
+        ...
+
+    def state_to_json(self) -> dict[str, Any] | None:
+        """What it learned, to keep across a restart (None: nothing to keep)."""
+        ...
+
+    def estimated_acceptance(self) -> Mapping[Workload, float]:
+        """Per-position draft acceptance per workload as believed now (empty: no estimate)."""
+        ...
+
+    def shared_gpu(self, pair: int = 0) -> bool | None:
+        """Whether the policy routes as if the pair's two servers share one GPU (None: no
+        such notion, or not measured yet)."""
+        ...
