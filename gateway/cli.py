@@ -1,10 +1,14 @@
-"""`specroute serve | ext-proc | profile | emulate | demo | bench | advise | train`: the CLI.
+"""`specroute serve | ext-proc | profile | config | emulate | demo | bench | advise | train`.
 
-Only `serve` and `ext-proc` are production code; every other command lives in tooling/ and is
-imported only when it runs, so the gateway starts without the bench, the
-emulator, scikit-learn or matplotlib. tooling/ is its own distribution,
-specroute-tools (tooling/pyproject.toml); without it those commands say how to
-get it and exit 2.
+Only `serve`, `ext-proc`, `profile` and `config` are production code; every other command
+lives in tooling/ and is imported only when it runs, so the gateway starts without the
+bench, the emulator, scikit-learn or matplotlib. tooling/ is its own distribution,
+specroute-tools (tooling/pyproject.toml); without it those commands say how to get it
+and exit 2.
+
+Every command has a description and examples in its --help, and every flag its help
+and default. The production commands' main flags fall back to environment variables
+(ENVIRONMENT below): a flag beats its variable, which beats config.toml.
 """
 
 from __future__ import annotations
@@ -13,7 +17,12 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
+import importlib.metadata
+import json
+import os
 import sys
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
@@ -23,14 +32,32 @@ from gateway.config import (
     BackendsConfig,
     Config,
     ConfigError,
+    LoggingConfig,
     SpeculativeBackendConfig,
     check_pairs,
+    json_schema,
     load_config,
     normalize_backend_url,
 )
 from gateway.telemetry import configure_logging
 
 _B = TypeVar("_B", bound=BackendConfig)
+
+DESCRIPTION = (
+    "An OpenAI-compatible gateway that sends each request to a vLLM server with or without "
+    "speculative decoding, whichever is predicted faster for it now."
+)
+
+# flag dest -> the environment variable it falls back to
+ENVIRONMENT = {
+    "config": "SPECROUTE_CONFIG",
+    "host": "SPECROUTE_HOST",
+    "port": "SPECROUTE_PORT",
+    "metrics_port": "SPECROUTE_METRICS_PORT",
+    "log_level": "SPECROUTE_LOG_LEVEL",
+}
+_LEVELS = ("debug", "info", "warning", "error")
+_EXT_PROC_PORTS = {"port": 9002, "metrics_port": 9003}
 
 
 class _Command(Protocol):
@@ -41,30 +68,147 @@ class _Command(Protocol):
     def run(self, args: argparse.Namespace, argv: list[str]) -> int: ...
 
 
-# name -> (module, help, description): the module is imported only for the command that runs.
-_TOOLS = {
-    "demo": (
-        "tooling.demo",
-        "no-GPU demo: EMULATED backends, the gateway, a short mixed workload",
-        None,
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Spec:
+    """One subcommand as --help shows it."""
+
+    help: str
+    description: str
+    examples: tuple[str, ...]
+    module: str = ""  # tooling's module, imported only for the command that runs
+
+
+_COMMANDS = {
+    "serve": _Spec(
+        "run the gateway",
+        "Run the OpenAI-compatible gateway: each request goes to the speculative or the "
+        "baseline vLLM server, whichever is predicted faster for it now (docs/ARCHITECTURE.md). "
+        "SIGHUP re-reads the config file; SIGTERM drains.",
+        (
+            "specroute serve                                  # ./config.toml",
+            "specroute serve --config /etc/specroute/config.toml --host 0.0.0.0",
+            "specroute serve --backend speculative=http://gpu:8001 "
+            "--backend baseline=http://gpu:8002",
+            "specroute serve --emulate                        # no GPU: two EMULATED servers",
+        ),
     ),
-    "bench": (
-        "tooling.bench.cli",
+    "ext-proc": _Spec(
+        "run as Envoy's external processor (gRPC), deciding what Envoy forwards",
+        "Envoy's ext_proc server (envoy.service.ext_proc.v3) with the gateway's decisions, "
+        "learning, metrics, shadow copies and profile: Envoy carries the requests. pool mode "
+        "sets x-specroute-route for Envoy's route table; endpoint mode names the server (the "
+        "Gateway API Inference Extension's endpoint picker protocol). docs/envoy.md.",
+        (
+            "specroute ext-proc --config config.toml",
+            "specroute ext-proc --mode endpoint --host 0.0.0.0 --port 9002",
+        ),
+    ),
+    "profile": _Spec(
+        "measure both servers' costs now (or --show the stored profile)",
+        "Profile the speculative and the baseline server (they must be idle): time to first "
+        "token, the step per batch, acceptance per workload kind, the overlap on a shared GPU. "
+        "Writes routing.profile_path (or --out); `serve` reloads it.",
+        (
+            "specroute profile --config config.toml --out profile.json",
+            "specroute profile --show",
+        ),
+    ),
+    "config": _Spec(
+        "print the config's JSON Schema, or check a config file",
+        "--schema prints config.toml's JSON Schema (draft 2020-12: every key, its type, "
+        "default, choices and description), for an editor's completion and checks. --check "
+        "reads a config file as `serve` would and lists every problem in it (exit 2).",
+        (
+            "specroute config --schema > specroute.schema.json",
+            "specroute config --check /etc/specroute/config.toml",
+        ),
+    ),
+    "emulate": _Spec(
+        "run one EMULATED vLLM server (see `specroute emulate --help`)",
+        "",
+        (),
+        "tooling.emulator.cli",
+    ),
+    "demo": _Spec(
+        "no-GPU demo: EMULATED backends, the gateway, a short mixed workload",
+        "Start two EMULATED vLLM servers and the gateway in one process, then bench the demo "
+        "mix through the baseline, the speculative server and the gateway: per workload what "
+        "each route gave, what the gateway chose, and its regret against the per-request "
+        "oracle. The figures are the emulator's modelled timing, not a GPU's.",
+        (
+            "specroute demo",
+            "specroute demo --warmup 8 --requests 12 --gpu-profile h200-qwen3-32b",
+        ),
+        "tooling.demo",
+    ),
+    "bench": _Spec(
         "drive a workload at baseline, speculative and gateway side by side; table, JSON, PNG",
         "Drive the same requests at every target and compare them paired: speedup over the "
-        "baseline, acceptance, the per-request oracle and the gateway's regret.",
+        "baseline, acceptance, the per-request oracle and the gateway's regret, each with "
+        "its 95% bootstrap interval.",
+        (
+            "specroute bench --emulate --concurrency 1,8 --json bench.json --plot bench.png",
+            "specroute bench --target baseline=http://gpu:8002 --target "
+            "speculative=http://gpu:8001 --target gateway=http://127.0.0.1:8080 --workload code",
+            "specroute bench --target gateway=http://127.0.0.1:8080 --target "
+            "baseline=http://gpu:8002 --workload requests.jsonl --replay-timing",
+        ),
+        "tooling.bench.cli",
     ),
-    "advise": (
-        "tooling.advise",
+    "advise": _Spec(
         "from a bench JSON or an outcome log: speculate or not, per workload, and why",
-        None,
+        "Should this traffic be speculated? Per workload and overall: share of traffic, "
+        "measured acceptance, speedup with its interval, the prefill share, a verdict (or "
+        "INCONCLUSIVE), and what the draft costs in memory.",
+        (
+            "specroute advise bench.json",
+            "specroute advise /var/lib/specroute/outcomes.jsonl* --k 4",
+            "specroute advise bench.json --spec-url http://gpu:8001 --base-url http://gpu:8002",
+        ),
+        "tooling.advise",
     ),
-    "train": (
-        "tooling.train",
+    "train": _Spec(
         "fit the acceptance model from outcome logs (needs the `train` extra: scikit-learn)",
-        None,
+        "Fit the offline acceptance model from the gateway's outcome log (its speculative "
+        "requests with a measured acceptance) and write it as JSON for routing.model_path.",
+        ("specroute train /var/lib/specroute/outcomes.jsonl* --out model.json",),
+        "tooling.train",
     ),
 }
+_TOOLS = {name: spec for name, spec in _COMMANDS.items() if spec.module and name != "emulate"}
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written; each flag's default where it has one and its
+    help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default in (None, False, [], argparse.SUPPRESS)
+        if unset or not action.option_strings or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def version() -> str:
+    """The installed distribution's version."""
+    try:
+        return importlib.metadata.version("specroute")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def epilog(examples: tuple[str, ...], environment: tuple[str, ...] = ()) -> str:
+    """--help's closing text: the examples, then the environment variables read (dests)."""
+    text = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+    if environment:
+        text += "\n\nenvironment (a flag beats its variable, which beats config.toml):\n"
+        text += "\n".join(f"  {ENVIRONMENT[d]:<24}--{d.replace('_', '-')}" for d in environment)
+    return text
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, 88)
 
 
 def _tooling_missing(command: str, exc: ModuleNotFoundError) -> int:
@@ -89,46 +233,16 @@ def main(argv: list[str] | None = None) -> int:
             return _tooling_missing("emulate", exc)
 
         return emulate(argv[1:])
-    parser = argparse.ArgumentParser(prog="specroute", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    _add_serve_arguments(commands.add_parser("serve", help="run the gateway"))
-    profile_cmd = commands.add_parser(
-        "profile",
-        help="measure both servers' costs now (or --show the stored profile)",
-        description="Profile the speculative and the baseline server (they must be idle): "
-        "time to first token, the step per batch, acceptance per workload kind, the overlap "
-        "on a shared GPU. Writes routing.profile_path (or --out); `serve` reloads it.",
-    )
-    _add_config_arguments(profile_cmd)
-    profile_cmd.add_argument("--out", type=Path, default=None, help="where to write the JSON")
-    profile_cmd.add_argument("--show", action="store_true", help="print the stored profile")
-    _add_ext_proc_arguments(
-        commands.add_parser(
-            "ext-proc",
-            help="run as Envoy's external processor (gRPC), deciding what Envoy forwards",
-            description="Envoy's ext_proc server (envoy.service.ext_proc.v3) with the gateway's "
-            "decisions, learning, metrics, shadow copies and profile: Envoy carries the "
-            "requests. pool mode sets x-specroute-route for Envoy's route table; endpoint mode "
-            "names the server (the Gateway API Inference Extension's endpoint picker protocol). "
-            "docs/envoy.md.",
-        )
-    )
-    commands.add_parser(
-        "emulate",
-        help="run one EMULATED vLLM server (see `specroute emulate --help`)",
-        add_help=False,
-    )
-    tool: _Command | None = None
-    for name, (module, help_text, description) in _TOOLS.items():
-        sub = commands.add_parser(name, help=help_text, description=description or help_text)
-        if argv[:1] == [name]:
-            try:
-                tool = cast(_Command, importlib.import_module(module))
-            except ModuleNotFoundError as exc:
-                return _tooling_missing(name, exc)
-            tool.add_arguments(sub)
+    tools: dict[str, _Command] = {}
+    if argv[:1] and argv[0] in _TOOLS:
+        try:
+            tools[argv[0]] = cast(_Command, importlib.import_module(_TOOLS[argv[0]].module))
+        except ModuleNotFoundError as exc:
+            return _tooling_missing(argv[0], exc)
+    parser = build_parser(tools)
     args = parser.parse_args(argv)
     try:
+        apply_environment(args)
         if args.command == "serve":
             return _serve(args)
         if args.command == "ext-proc":
@@ -136,10 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "profile":
             from gateway.profiling.cli import run_profile
 
-            config = resolve_config(args.config, None, None, args.backend)
+            config = resolve_config(_config_path(args.config), None, None, args.backend)
             return run_profile(config, args.out, show=args.show)
-        if tool is not None:
-            return tool.run(args, argv[1:])
+        if args.command == "config":
+            return _config(args)
+        if args.command in tools:
+            return tools[args.command].run(args, argv[1:])
     except ConfigError as exc:
         print(f"specroute: {exc}", file=sys.stderr)
         return 2
@@ -147,40 +263,179 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def build_parser(tools: Mapping[str, _Command]) -> argparse.ArgumentParser:
+    """The CLI's parser, with the flags of the tooling commands in `tools` (the others are
+    listed, their flags unknown: their modules are not imported)."""
+    parser = argparse.ArgumentParser(
+        prog="specroute",
+        description=_wrap(DESCRIPTION),
+        epilog=epilog(
+            (
+                "specroute serve --emulate        # try it without a GPU",
+                "specroute serve --config config.toml",
+                "specroute COMMAND --help",
+            )
+        )
+        + f"\n\nspecroute {version()}",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"specroute {version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, environment: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+        spec = _COMMANDS[name]
+        return commands.add_parser(
+            name,
+            help=spec.help,
+            description=_wrap(spec.description),
+            epilog=epilog(spec.examples, environment),
+            formatter_class=HelpFormatter,
+        )
+
+    serve = add("serve", ("config", "host", "port", "log_level"))
+    serve.epilog = f"{serve.epilog}\n\nspecroute {version()}"
+    _add_serve_arguments(serve)
+    _add_ext_proc_arguments(
+        add("ext-proc", ("config", "host", "port", "metrics_port", "log_level"))
+    )
+    _add_profile_arguments(add("profile", ("config",)))
+    _add_config_command_arguments(add("config"))
+    commands.add_parser("emulate", help=_COMMANDS["emulate"].help, add_help=False)
+    for name in _TOOLS:
+        sub = add(name)
+        if name in tools:
+            tools[name].add_arguments(sub)
+    return parser
+
+
+def apply_environment(args: argparse.Namespace) -> None:
+    """A flag not given takes its variable's value (ENVIRONMENT), where the command has
+    the flag; then ext-proc's ports their defaults."""
+    for dest, var in ENVIRONMENT.items():
+        value = os.environ.get(var, "")
+        if getattr(args, dest, "absent") is not None or not value:
+            continue
+        if dest in ("port", "metrics_port"):
+            try:
+                setattr(args, dest, int(value))
+            except ValueError:
+                raise ConfigError(f"{var}={value!r}: not a port number") from None
+        elif dest == "log_level":
+            if value not in _LEVELS:
+                raise ConfigError(f"{var}={value!r}: must be one of {', '.join(_LEVELS)}")
+            setattr(args, dest, value)
+        else:
+            setattr(args, dest, Path(value) if dest == "config" else value)
+    if args.command == "ext-proc":
+        for dest, port in _EXT_PROC_PORTS.items():
+            if getattr(args, dest) is None:
+                setattr(args, dest, port)
+
+
+def _config_path(path: Path | None) -> Path | None:
+    """--config (or SPECROUTE_CONFIG), else ./config.toml where there is one."""
+    if path is None and Path("config.toml").exists():
+        return Path("config.toml")
+    return path
+
+
 def _add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--config", type=Path, default=None, help="config.toml (default: ./config.toml if present)"
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the config file (env: SPECROUTE_CONFIG; default: ./config.toml if present)",
     )
     p.add_argument(
         "--backend",
         action="append",
         default=[],
         metavar="ROUTE=URL",
-        help="speculative=URL or baseline=URL; overrides the config file",
+        help="speculative=URL or baseline=URL (repeatable): that route's one server, "
+        "instead of the config file's backends.ROUTE.urls",
+    )
+
+
+def _add_log_level_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-level",
+        choices=_LEVELS,
+        default=None,
+        help="instead of logging.level (env: SPECROUTE_LOG_LEVEL; default: the config's, info)",
     )
 
 
 def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     _add_config_arguments(serve)
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument(
+        "--host",
+        default=None,
+        help="address to listen on (env: SPECROUTE_HOST; default: server.host, 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port to listen on (env: SPECROUTE_PORT; default: server.port, 8080)",
+    )
+    _add_log_level_argument(serve)
     serve.add_argument(
         "--emulate",
         action="store_true",
-        help="start two EMULATED vLLM backends in-process and serve in front of them",
+        help="start two EMULATED vLLM backends in-process and serve in front of them "
+        "(no config file read; needs specroute-tools)",
     )
+
+
+def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    _add_config_arguments(p)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="where to write the JSON (default: routing.profile_path, else stdout)",
+    )
+    p.add_argument("--show", action="store_true", help="print the stored profile")
+
+
+def _add_config_command_arguments(p: argparse.ArgumentParser) -> None:
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--schema", action="store_true", help="print the JSON Schema of config.toml")
+    what.add_argument(
+        "--check",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="check FILE and list every problem in it; exit 2 if any (default: "
+        "SPECROUTE_CONFIG, else ./config.toml)",
+    )
+    p.set_defaults(config=None)  # --check alone: SPECROUTE_CONFIG, as serve would read
 
 
 def _add_ext_proc_arguments(p: argparse.ArgumentParser) -> None:
     _add_config_arguments(p)
-    p.add_argument("--host", default=None, help="address of both ports (default: server.host)")
-    p.add_argument("--port", type=int, default=9002, help="the gRPC port Envoy calls (9002)")
+    p.add_argument(
+        "--host",
+        default=None,
+        help="address of both ports (env: SPECROUTE_HOST; default: server.host, 127.0.0.1)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="the gRPC port Envoy calls (env: SPECROUTE_PORT; default: 9002)",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=9003,
-        help="HTTP port of /metrics, /health, /ready, /stats, /decide (9003)",
+        default=None,
+        metavar="PORT",
+        help="HTTP port of /metrics, /health, /ready, /stats, /decide "
+        "(env: SPECROUTE_METRICS_PORT; default: 9003)",
     )
+    _add_log_level_argument(p)
     p.add_argument(
         "--mode",
         choices=("pool", "endpoint"),
@@ -188,6 +443,18 @@ def _add_ext_proc_arguments(p: argparse.ArgumentParser) -> None:
         help="pool: set x-specroute-route (Envoy's route table picks the cluster); endpoint: "
         "set x-gateway-destination-endpoint and envoy.lb metadata (an ORIGINAL_DST cluster)",
     )
+
+
+def _config(args: argparse.Namespace) -> int:
+    if args.schema:
+        print(json.dumps(json_schema(), indent=2))
+        return 0
+    path = Path(args.check) if args.check else _config_path(args.config)
+    if path is None:
+        raise ConfigError("config: no file to check: give --check FILE, or set SPECROUTE_CONFIG")
+    load_config(path)  # raises, with every problem
+    print(f"{path}: ok")
+    return 0
 
 
 def _ext_proc(args: argparse.Namespace) -> int:
@@ -204,7 +471,9 @@ def _ext_proc(args: argparse.Namespace) -> int:
         )
         return 2
 
-    config = resolve_config(args.config, args.host, None, args.backend)
+    config = resolve_config(
+        _config_path(args.config), args.host, None, args.backend, log_level=args.log_level
+    )
     configure_logging(config.logging.level)
     host = config.server.host
     print(
@@ -228,12 +497,16 @@ def _ext_proc(args: argparse.Namespace) -> int:
 
 
 def resolve_config(
-    path: Path | None, host: str | None, port: int | None, backends: list[str]
+    path: Path | None,
+    host: str | None,
+    port: int | None,
+    backends: list[str],
+    *,
+    log_level: str | None = None,
 ) -> Config:
-    """The config file, then the command-line overrides on top of it."""
+    """The config file, then the command-line overrides (flags or their variables) on top."""
     overrides = _parse_backends(backends)
-    if path is None and Path("config.toml").exists():
-        path = Path("config.toml")
+    path = _config_path(path)
     if path is not None:
         config = load_config(path)
     elif set(overrides) == set(Route):
@@ -264,7 +537,8 @@ def resolve_config(
         host=host if host is not None else config.server.host,
         port=port if port is not None else config.server.port,
     )
-    return dataclasses.replace(config, backends=backends_cfg, server=server)
+    logging = config.logging if log_level is None else LoggingConfig(level=log_level)
+    return dataclasses.replace(config, backends=backends_cfg, server=server, logging=logging)
 
 
 def _parse_backends(items: list[str]) -> dict[Route, str]:
@@ -292,15 +566,15 @@ def _serve(args: argparse.Namespace) -> int:
         except ModuleNotFoundError as exc:
             return _tooling_missing("serve --emulate", exc)
 
-        configure_logging("info")
+        configure_logging(args.log_level or "info")
         asyncio.run(serve_emulated(args.host or "127.0.0.1", args.port or 8080, time_scale=1.0))
         return 0
-    config_path = args.config
-    if config_path is None and Path("config.toml").exists():
-        config_path = Path("config.toml")
+    config_path = _config_path(args.config)
 
     def reread() -> Config:
-        return resolve_config(config_path, args.host, args.port, args.backend)
+        return resolve_config(
+            config_path, args.host, args.port, args.backend, log_level=args.log_level
+        )
 
     config = reread()
     configure_logging(config.logging.level)

@@ -1,20 +1,27 @@
-"""config.toml -> frozen dataclasses.
+"""config.toml -> frozen dataclasses, and the JSON Schema editors read.
 
 Every key is declared here once, with its type and default; an unknown key or a
-value of the wrong type stops the gateway at start with one line naming the key,
-because a typo that silently falls back to a default is the worst kind of
-misconfiguration for a router.
+value of the wrong type stops the gateway at start with a line naming the key (one
+line per problem, all of them at once, with "did you mean" and the table a misplaced
+key belongs in), because a typo that silently falls back to a default is the worst
+kind of misconfiguration for a router. The comments above and beside each field are
+its description in `json_schema()` (`specroute config --schema`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
+import functools
+import inspect
+import json
 import math
+import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +35,8 @@ from classifier.types import Route
 
 
 class ConfigError(ValueError):
-    """A config problem, phrased for the operator in one line."""
+    """A config problem, phrased for the operator: one line, or a count and one line per
+    problem when a file has several."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +241,42 @@ _PROFILE_MODES = ("at-start", "off")
 _LEVELS = ("debug", "info", "warning", "error")
 _REDACTIONS = ("placeholders", "off")
 
+# The checks a table's values get once its types are right; the schema states them too.
+_CHOICES: dict[type[Any], dict[str, tuple[str, ...]]] = {
+    RoutingConfig: {"policy": _POLICIES, "profile": _PROFILE_MODES},
+    LoggingConfig: {"level": _LEVELS},
+    RecordConfig: {"redaction": _REDACTIONS},
+}
+_POSITIVE: dict[type[Any], tuple[str, ...]] = {
+    ServerConfig: (
+        "port",
+        "max_body_bytes",
+        "body_read_timeout_s",
+        "drain_s",
+        "keepalive_s",
+        "big_body_mb_s",
+    ),
+    UpstreamConfig: (
+        "connect_timeout_s",
+        "read_timeout_s",
+        "pool_size",
+        "health_interval_s",
+        "health_timeout_s",
+        "scrape_interval_s",
+        "eject_after_failures",
+        "eject_s",
+    ),
+    RoutingConfig: ("profile_budget_s",),
+    TuningConfig: ("default_output_tokens", "long_prompt_tokens"),
+    RulesConfig: ("prefill_ratio",),
+    OutcomeLogConfig: ("max_bytes",),
+    RecordConfig: ("max_bytes",),
+}
+
+
+class _Reported(Exception):
+    """A table below failed; its problems are already in the list."""
+
 
 def load_config(path: str | Path) -> Config:
     """Read and validate a config file."""
@@ -249,9 +293,18 @@ def load_config(path: str | Path) -> Config:
 
 
 def parse_config(raw: Mapping[str, Any]) -> Config:
-    cfg: Config = _build(Config, raw, "")
-    _check(cfg)
-    return cfg
+    """The config, or one ConfigError that lists every problem of `raw`."""
+    problems: list[str] = []
+    cfg = _build(Config, raw, "", problems)
+    if problems or cfg is None:
+        raise _error(problems or ["top level: not a config"])
+    return typing.cast(Config, cfg)
+
+
+def _error(problems: list[str]) -> ConfigError:
+    if len(problems) == 1:
+        return ConfigError(f"config: {problems[0]}")
+    return ConfigError(f"config: {len(problems)} errors:" + "".join(f"\n  - {p}" for p in problems))
 
 
 def normalize_backend_url(url: str, key: str = "backends") -> str:
@@ -265,117 +318,122 @@ def normalize_backend_url(url: str, key: str = "backends") -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-def _check(cfg: Config) -> None:
-    positive = {
-        "server.port": cfg.server.port,
-        "server.max_body_bytes": cfg.server.max_body_bytes,
-        "upstream.connect_timeout_s": cfg.upstream.connect_timeout_s,
-        "upstream.read_timeout_s": cfg.upstream.read_timeout_s,
-        "upstream.pool_size": cfg.upstream.pool_size,
-        "upstream.health_interval_s": cfg.upstream.health_interval_s,
-        "upstream.health_timeout_s": cfg.upstream.health_timeout_s,
-        "upstream.scrape_interval_s": cfg.upstream.scrape_interval_s,
-        "upstream.eject_after_failures": cfg.upstream.eject_after_failures,
-        "upstream.eject_s": cfg.upstream.eject_s,
-        "routing.tuning.default_output_tokens": cfg.routing.tuning.default_output_tokens,
-        "routing.tuning.long_prompt_tokens": cfg.routing.tuning.long_prompt_tokens,
-        "routing.tuning.rules.prefill_ratio": cfg.routing.tuning.rules.prefill_ratio,
-        "outcome_log.max_bytes": cfg.outcome_log.max_bytes,
-        "record.max_bytes": cfg.record.max_bytes,
-        "server.body_read_timeout_s": cfg.server.body_read_timeout_s,
-        "server.drain_s": cfg.server.drain_s,
-        "server.keepalive_s": cfg.server.keepalive_s,
-        "server.big_body_mb_s": cfg.server.big_body_mb_s,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"config: {key} must be > 0, got {value}")
-    if cfg.server.port > 65535:
-        raise ConfigError(f"config: server.port must be <= 65535, got {cfg.server.port}")
-    if not 0.0 <= cfg.routing.tuning.default_temperature <= 2.0:
-        raise ConfigError("config: routing.tuning.default_temperature must be within [0, 2]")
-    if not cfg.routing.tuning.creative_min_temperature >= 0.0:
-        raise ConfigError("config: routing.tuning.creative_min_temperature must be >= 0")
-    if cfg.routing.policy not in _POLICIES:
-        raise ConfigError(f"config: routing.policy must be one of {', '.join(_POLICIES)}")
-    if cfg.routing.profile not in _PROFILE_MODES:
-        raise ConfigError(f"config: routing.profile must be one of {', '.join(_PROFILE_MODES)}")
-    if not cfg.routing.profile_budget_s > 0:
-        raise ConfigError("config: routing.profile_budget_s must be > 0")
-    if not 0.0 <= cfg.upstream.retry_budget_ratio <= 1.0 or cfg.upstream.retry_budget_min < 0:
-        raise ConfigError("config: upstream.retry_budget_ratio must be in [0, 1], _min >= 0")
-    if cfg.outcome_log.backups < 0:
-        raise ConfigError("config: outcome_log.backups must be >= 0")
-    if not 0.0 < cfg.record.sample_rate <= 1.0:
-        raise ConfigError("config: record.sample_rate must be within (0, 1]")
-    if cfg.record.redaction not in _REDACTIONS:
-        raise ConfigError(f"config: record.redaction must be one of {', '.join(_REDACTIONS)}")
-    if cfg.record.backups < 0:
-        raise ConfigError("config: record.backups must be >= 0")
-    if not 0.0 <= cfg.shadow.share <= 1.0:
-        raise ConfigError(f"config: shadow.share must be within [0, 1], got {cfg.shadow.share}")
-    if cfg.shadow.max_inflight < 1:
-        raise ConfigError("config: shadow.max_inflight must be >= 1")
-    if cfg.logging.level not in _LEVELS:
-        raise ConfigError(f"config: logging.level must be one of {', '.join(_LEVELS)}")
-    for route in Route:
-        backend = cfg.backends.of(route)
-        if not backend.urls:
-            raise ConfigError(f"config: backends.{route}.urls must list at least one URL")
-        if backend.max_inflight < 1:
-            raise ConfigError(f"config: backends.{route}.max_inflight must be >= 1")
-    spec = cfg.backends.speculative
-    if spec.num_speculative_tokens < 1 or spec.draft_cost_ratio < 0:
-        raise ConfigError(
-            "config: backends.speculative: num_speculative_tokens must be >= 1"
-            " and draft_cost_ratio >= 0"
-        )
-    check_pairs(cfg.backends)
-
-
 def check_pairs(backends: BackendsConfig) -> None:
     """backends.pairs = "by-index" needs a baseline URL for every speculative one."""
+    problem = _pairs_problem(backends)
+    if problem:
+        raise ConfigError(f"config: {problem}")
+
+
+def _pairs_problem(backends: BackendsConfig) -> str:
     spec, base = len(backends.speculative.urls), len(backends.baseline.urls)
     if backends.pairs is Pairing.BY_INDEX and spec != base:
-        raise ConfigError(
-            f'config: backends.pairs = "by-index" pairs speculative and baseline URLs by'
+        return (
+            f'backends.pairs = "by-index" pairs speculative and baseline URLs by'
             f" position, so it needs as many of each: got {spec} speculative"
             f" (backends.speculative.urls) and {base} baseline (backends.baseline.urls)"
         )
+    return ""
 
 
-def _build(cls: type[Any], raw: Any, path: str) -> Any:
+def _table_problems(obj: Any, path: str) -> Iterator[str]:
+    """What is wrong with one table whose values have the right types."""
+    key = functools.partial(_join, path)
+    for name in _POSITIVE.get(type(obj), ()):
+        if not getattr(obj, name) > 0:
+            yield f"{key(name)} must be > 0, got {getattr(obj, name)}"
+    for name, allowed in _CHOICES.get(type(obj), {}).items():
+        if getattr(obj, name) not in allowed:
+            yield _not_one_of(key(name), getattr(obj, name), allowed)
+    if isinstance(obj, ServerConfig) and obj.port > 65535:
+        yield f"{key('port')} must be <= 65535, got {obj.port}"
+    if isinstance(obj, UpstreamConfig) and not (
+        0.0 <= obj.retry_budget_ratio <= 1.0 and obj.retry_budget_min >= 0
+    ):
+        yield f"{key('retry_budget_ratio')} must be in [0, 1], _min >= 0"
+    if isinstance(obj, TuningConfig):
+        if not 0.0 <= obj.default_temperature <= 2.0:
+            yield f"{key('default_temperature')} must be within [0, 2]"
+        if not obj.creative_min_temperature >= 0.0:
+            yield f"{key('creative_min_temperature')} must be >= 0"
+    if isinstance(obj, OutcomeLogConfig | RecordConfig) and obj.backups < 0:
+        yield f"{key('backups')} must be >= 0"
+    if isinstance(obj, RecordConfig) and not 0.0 < obj.sample_rate <= 1.0:
+        yield f"{key('sample_rate')} must be within (0, 1]"
+    if isinstance(obj, ShadowConfig):
+        if not 0.0 <= obj.share <= 1.0:
+            yield f"{key('share')} must be within [0, 1], got {obj.share}"
+        if obj.max_inflight < 1:
+            yield f"{key('max_inflight')} must be >= 1"
+    if isinstance(obj, BackendConfig):
+        if not obj.urls:
+            yield f"{key('urls')} must list at least one URL"
+        if obj.max_inflight < 1:
+            yield f"{key('max_inflight')} must be >= 1"
+    if isinstance(obj, SpeculativeBackendConfig) and (
+        obj.num_speculative_tokens < 1 or obj.draft_cost_ratio < 0
+    ):
+        yield (f"{path}: num_speculative_tokens must be >= 1 and draft_cost_ratio >= 0")
+    if isinstance(obj, BackendsConfig) and _pairs_problem(obj):
+        yield _pairs_problem(obj)
+
+
+def _not_one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(value), allowed, n=1)
+    mean = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{key} must be one of {', '.join(allowed)}, got {value!r}{mean}"
+
+
+def _build(cls: type[Any], raw: Any, path: str, problems: list[str]) -> Any:
+    """An instance of `cls`, or None; every problem found on the way is appended. A bad
+    key with a default leaves the default in its place, so the table's other checks
+    still run and one pass reports everything."""
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"config: {path or 'top level'} must be a table")
+        problems.append(f"{path or 'top level'} must be a table")
+        return None
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
-    for key in raw:
-        if key not in known:
-            raise ConfigError(f"config: unknown key {_join(path, key)!r}{_hint(cls, key)}")
+    problems.extend(_unknown(cls, path, str(k), v) for k, v in raw.items() if k not in known)
     kwargs: dict[str, Any] = {}
+    complete = True
     for name, fld in known.items():
         key = _join(path, name)
+        has_default = not (
+            fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING
+        )
         if name not in raw:
-            no_default = (
-                fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING
-            )
-            if no_default:
-                raise ConfigError(f"config: missing key {key!r}")
+            if not has_default:
+                problems.append(f"missing key {key!r}")
+                complete = False
             continue
-        kwargs[name] = _convert(hints[name], raw[name], key)
+        try:
+            kwargs[name] = _convert(hints[name], raw[name], key, problems)
+        except _Reported:
+            complete = complete and has_default
+        except ConfigError as exc:
+            problems.append(str(exc).removeprefix("config: "))
+            complete = complete and has_default
+    if not complete:
+        return None
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except ValueError as exc:  # a dataclass's own validation
-        raise ConfigError(f"config: {path}: {exc}") from None
+        problems.append(f"{path}: {exc}")
+        return None
+    problems.extend(_table_problems(obj, path))
+    return obj
 
 
-def _convert(hint: Any, value: Any, key: str) -> Any:
+def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
     if dataclasses.is_dataclass(hint):
-        return _build(typing.cast(type[Any], hint), value, key)
+        built = _build(typing.cast(type[Any], hint), value, key, problems)
+        if built is None:
+            raise _Reported
+        return built
     origin = typing.get_origin(hint)
     if origin is typing.Literal:
         if value not in typing.get_args(hint):
-            raise ConfigError(f"config: {key} must be one of {typing.get_args(hint)}")
+            raise ConfigError(f"{key} must be one of {typing.get_args(hint)}")
         return value
     if origin in (types.UnionType, typing.Union):
         # `X | None`: TOML has no null, a present key is an X. `bool | Literal["auto"]`:
@@ -383,23 +441,24 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         members = [a for a in typing.get_args(hint) if a is not type(None)]
         for member in members[:-1]:
             try:
-                return _convert(member, value, key)
+                return _convert(member, value, key, problems)
             except ConfigError:
                 continue
         try:
-            return _convert(members[-1], value, key)
+            return _convert(members[-1], value, key, problems)
         except ConfigError:
             if len(members) == 1:
                 raise
             allowed = " or ".join(_describe(m) for m in members)
-            raise ConfigError(f"config: {key} must be {allowed}, got {value!r}") from None
+            raise ConfigError(f"{key} must be {allowed}, got {value!r}") from None
     if origin is tuple:
         (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
-        if isinstance(value, str):
-            value = [value]
+        if isinstance(value, str):  # `urls = "http://..."`: say how to write the list
+            leaf = key.rsplit(".", 1)[-1]
+            raise ConfigError(f"{key} must be a list, not a string: {leaf} = [{json.dumps(value)}]")
         if not isinstance(value, list):
-            raise ConfigError(f"config: {key} must be a list")
-        items = [_convert(item, v, key) for v in value]
+            raise ConfigError(f"{key} must be a list")
+        items = [_convert(item, v, key, problems) for v in value]
         if key.startswith("backends.") and key.endswith(".urls"):
             items = [normalize_backend_url(v, key) for v in items]
         return tuple(items)
@@ -407,42 +466,72 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         try:
             return hint(value)
         except ValueError:
-            allowed = ", ".join(str(m.value) for m in hint)
-            raise ConfigError(f"config: {key} must be one of {allowed}, got {value!r}") from None
+            values = tuple(str(m.value) for m in hint)
+            raise ConfigError(_not_one_of(key, value, values)) from None
     if hint is float:
         # Every float key, here once: TOML has nan and inf, and an integer past a float's
         # range overflows; no setting means any of them (nan even passes "must be > 0").
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"config: {key} must be a number, got {value!r}")
+            raise ConfigError(f"{key} must be a number, got {value!r}")
         try:
             number = float(value)
         except OverflowError:
             number = math.inf
         if not math.isfinite(number):
-            raise ConfigError(f"config: {key} must be a finite number, got {number}")
+            raise ConfigError(f"{key} must be a finite number, got {number}")
         return number
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config: {key} must be an integer, got {value!r}")
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"config: {key} must be true or false, got {value!r}")
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
         return value
     if hint is str:
         if not isinstance(value, str):
-            raise ConfigError(f"config: {key} must be a string, got {value!r}")
+            raise ConfigError(f"{key} must be a string, got {value!r}")
         return value
-    raise ConfigError(f"config: {key}: unsupported type {hint!r}")
+    raise ConfigError(f"{key}: unsupported type {hint!r}")
 
 
-def _hint(cls: type[Any], key: str) -> str:
-    """A key another table holds: say which, rather than only "unknown"."""
-    if cls is BackendConfig and key in ("num_speculative_tokens", "draft_cost_ratio"):
-        return " (only backends.speculative has it)"
-    if cls is RoutingConfig and key in {f.name for f in dataclasses.fields(TuningConfig)}:
-        return f" (the router's tuning: routing.tuning.{key}, docs/tuning.md)"
-    return ""
+def _unknown(cls: type[Any], path: str, name: str, value: Any) -> str:
+    """An unknown key, with the table it belongs in or the key it is a typo of."""
+    key = _join(path, name)
+    tables = _tables_of()
+    elsewhere = [t for t in tables.get(name, ()) if t != path]
+    if elsewhere:
+        where = " or ".join(_table_name(t) for t in elsewhere)
+        if isinstance(value, Mapping) and len(elsewhere) == 1:  # a table: name its place
+            where += f" (as [{_join(elsewhere[0], name)}])"
+        docs = " (docs/tuning.md)" if any(t.startswith("routing.tuning") for t in elsewhere) else ""
+        return f"unknown key {key!r}: it belongs in {where}, not {_table_name(path)}{docs}"
+    close = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(cls)], n=1)
+    if close:
+        return f"unknown key {key!r} (did you mean {_join(path, close[0])!r}?)"
+    close = difflib.get_close_matches(name, list(tables), n=1, cutoff=0.8)
+    if close:  # a typo of a key of another table
+        return f"unknown key {key!r} (did you mean {_join(tables[close[0]][0], close[0])!r}?)"
+    return f"unknown key {key!r}"
+
+
+@functools.cache
+def _tables_of() -> dict[str, tuple[str, ...]]:
+    """Every key name of the config -> the tables that hold it ("" is the top level)."""
+    found: dict[str, list[str]] = {}
+
+    def walk(cls: type[Any], path: str) -> None:
+        for name, hint in typing.get_type_hints(cls).items():
+            found.setdefault(name, []).append(path)
+            if dataclasses.is_dataclass(hint):
+                walk(typing.cast(type[Any], hint), _join(path, name))
+
+    walk(Config, "")
+    return {name: tuple(paths) for name, paths in found.items()}
+
+
+def _table_name(path: str) -> str:
+    return f"[{path}]" if path else "the top level"
 
 
 def _describe(hint: Any) -> str:
@@ -453,3 +542,90 @@ def _describe(hint: Any) -> str:
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+# ---- the JSON Schema, for editors (`specroute config --schema`) -------------------------
+
+
+def json_schema() -> dict[str, Any]:
+    """config.toml's JSON Schema (draft 2020-12): types, defaults, choices, bounds and the
+    fields' comments as descriptions; no key beyond those declared here."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "specroute config.toml",
+        **_object_schema(Config),
+    }
+
+
+def _object_schema(cls: type[Any]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    comments = _field_comments(cls)
+    properties: dict[str, Any] = {}
+    required = []
+    for f in dataclasses.fields(cls):
+        prop = _type_schema(hints[f.name])
+        if f.name in _CHOICES.get(cls, {}):
+            prop["enum"] = list(_CHOICES[cls][f.name])
+        if f.name in _POSITIVE.get(cls, ()):
+            prop["exclusiveMinimum"] = 0
+        if f.default is not dataclasses.MISSING and f.default is not None:
+            default = f.default
+            prop["default"] = default.value if isinstance(default, enum.Enum) else default
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required.append(f.name)
+        if f.name in comments:  # a table's own docstring first
+            prop.setdefault("description", comments[f.name])
+        properties[f.name] = prop
+    schema: dict[str, Any] = {"type": "object"}
+    doc = inspect.getdoc(cls) or ""
+    if doc and not doc.startswith(f"{cls.__name__}("):  # not the dataclass's own signature
+        schema["description"] = " ".join(doc.split("\n\n")[0].split())
+    schema |= {"properties": properties, "additionalProperties": False}
+    return schema | ({"required": required} if required else {})
+
+
+def _type_schema(hint: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(hint):
+        return _object_schema(typing.cast(type[Any], hint))
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(hint))}
+    if origin in (types.UnionType, typing.Union):
+        members = [_type_schema(a) for a in typing.get_args(hint) if a is not type(None)]
+        return members[0] if len(members) == 1 else {"anyOf": members}
+    if origin is tuple:
+        (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+        return {"type": "array", "items": _type_schema(item)}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return {"type": "string", "enum": [str(m.value) for m in hint]}
+    names = {float: "number", int: "integer", bool: "boolean", str: "string"}
+    return {"type": names[hint]}
+
+
+_FIELD = re.compile(r"^ {4}(\w+)\s*:")
+
+
+def _field_comments(cls: type[Any]) -> dict[str, str]:
+    """Each field's comment: the `#` lines just above it and the one beside it, from the
+    source of the class that declares it (a base class's too)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            lines = inspect.getsource(klass).splitlines()
+        except (OSError, TypeError):
+            continue
+        block: list[str] = []
+        for line in lines[1:]:
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                block.append(stripped.lstrip("#").strip())
+                continue
+            match = _FIELD.match(line)
+            if match and match[1] in names:
+                beside = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+                text = " ".join([*block, beside]).strip()
+                if text:
+                    out[match[1]] = text
+            block = []
+    return out

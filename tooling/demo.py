@@ -33,7 +33,7 @@ from tooling.workloads import MIXES
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=6, help="requests per workload and target")
-    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=2, help="requests in flight per target")
     p.add_argument("--time-scale", type=float, default=0.5, help="emulator time scale")
     add_gpu_arguments(p)
     p.add_argument(

@@ -22,7 +22,7 @@ from classifier.guards import GuardsConfig
 from classifier.router import RouterConfig
 from classifier.types import Route
 from gateway.cli import resolve_config
-from gateway.config import Config, ConfigError, Pairing, load_config, parse_config
+from gateway.config import Config, ConfigError, Pairing, json_schema, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2/v1/"]}}
@@ -87,19 +87,19 @@ def test_bad_config_fails_with_the_key_named(raw: dict[str, object], message: st
                     "baseline": {"urls": ["http://b"], "num_speculative_tokens": 4},
                 }
             },
-            "config: unknown key 'backends.baseline.num_speculative_tokens' (only backends.speculative has it)",
+            "config: unknown key 'backends.baseline.num_speculative_tokens': it belongs in [backends.speculative], not [backends.baseline]",
         ),
         (
             {"backends": {**BACKENDS, "baseline": {"urls": ["http://b"], "draft_cost_ratio": 0.1}}},
-            "config: unknown key 'backends.baseline.draft_cost_ratio' (only backends.speculative has it)",
+            "config: unknown key 'backends.baseline.draft_cost_ratio': it belongs in [backends.speculative], not [backends.baseline]",
         ),
         (
             {"backends": BACKENDS, "routing": {"explore_max_regret": 0.1}},
-            "config: unknown key 'routing.explore_max_regret' (the router's tuning: routing.tuning.explore_max_regret, docs/tuning.md)",
+            "config: unknown key 'routing.explore_max_regret': it belongs in [routing.tuning], not [routing] (docs/tuning.md)",
         ),
         (
             {"backends": BACKENDS, "routing": {"default_temperature": 0.7}},
-            "config: unknown key 'routing.default_temperature' (the router's tuning: routing.tuning.default_temperature, docs/tuning.md)",
+            "config: unknown key 'routing.default_temperature': it belongs in [routing.tuning], not [routing] (docs/tuning.md)",
         ),
         (
             {"backends": BACKENDS, "routing": {"cost_model": {"explore_share": 0.1}}},
@@ -203,7 +203,9 @@ def test_serve_with_a_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "specroute: config: unknown key 'server.hots'"
+    assert proc.stderr.strip() == (
+        "specroute: config: unknown key 'server.hots' (did you mean 'server.host'?)"
+    )
 
 
 def test_pairs_default_to_one_pair_of_every_url() -> None:
@@ -323,6 +325,15 @@ def test_a_config_file_of_any_content_is_one_line(tmp_path: Path, toml: str, mes
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
+def assert_one_line_per_problem(message: str) -> None:
+    """One problem: one line. Several: their count, then one "  - " line each."""
+    first, *rest = message.split("\n")
+    assert first.startswith("config: ")
+    if rest:
+        assert first == f"config: {len(rest)} errors:", message
+        assert all(line.startswith("  - ") for line in rest), message
+
+
 toml_values = st.recursive(
     st.one_of(
         st.booleans(),
@@ -364,7 +375,7 @@ def test_any_value_of_any_key_is_a_config_or_one_line(key: str, value: object) -
     try:
         config = parse_config(raw)
     except ConfigError as exc:
-        assert "\n" not in str(exc)
+        assert_one_line_per_problem(str(exc))
         return
     for key in FLOAT_KEYS:
         assert math.isfinite(functools.reduce(getattr, key.split("."), config)), key
@@ -380,4 +391,192 @@ def test_any_bytes_are_a_config_or_one_line(
     try:
         load_config(path)
     except ConfigError as exc:
-        assert "\n" not in str(exc)
+        assert_one_line_per_problem(str(exc))
+
+
+# ---- every problem at once, with the fix: did you mean, the right table, the list ----
+
+SEVERAL_WRONG = """\
+[backends.speculative]
+urls = "http://127.0.0.1:8001"
+[backends.baseline]
+urls = ["http://127.0.0.1:8002"]
+[server]
+prot = 8080
+drain_s = -1
+[routing]
+polciy = "rules"
+switch_margin = 0.1
+[logging]
+level = "verbose"
+"""
+
+
+def test_a_file_with_several_wrong_keys_reports_every_one(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(SEVERAL_WRONG)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert str(exc.value) == (
+        "config: 6 errors:\n"
+        '  - backends.speculative.urls must be a list, not a string: urls = ["http://127.0.0.1:8001"]\n'
+        "  - unknown key 'server.prot' (did you mean 'server.port'?)\n"
+        "  - server.drain_s must be > 0, got -1.0\n"
+        "  - unknown key 'routing.polciy' (did you mean 'routing.policy'?)\n"
+        "  - unknown key 'routing.switch_margin': it belongs in [routing.tuning], not [routing] (docs/tuning.md)\n"
+        "  - logging.level must be one of debug, info, warning, error, got 'verbose'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            {"backends": {**BACKENDS, "speculative": {"urls": "http://a:1/v1"}}},
+            'config: backends.speculative.urls must be a list, not a string: urls = ["http://a:1/v1"]',
+        ),
+        (
+            {"backends": {**BACKENDS, "baseline": {"urls": 'http://b:2/"x"'}}},
+            'config: backends.baseline.urls must be a list, not a string: urls = ["http://b:2/\\"x\\""]',
+        ),
+    ],
+)
+def test_a_string_where_a_list_is_meant_is_refused_with_the_fix(
+    raw: dict[str, Any], message: str
+) -> None:
+    """It was taken as a list of one: the fix shown is valid TOML for the same value."""
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw)
+    assert str(exc.value) == message
+    fix = message.split(": ", 2)[2]
+    assert tomllib.loads(fix)["urls"] == [raw["backends"][message.split(".")[1]]["urls"]]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            {"backends": BACKENDS, "guards": {"spec_max_kv_usage": 0.8}},
+            "config: unknown key 'guards': it belongs in [routing] (as [routing.guards]), not the top level",
+        ),
+        (
+            {"backends": BACKENDS, "routing": {"spec_max_kv_usage": 0.8}},
+            "config: unknown key 'routing.spec_max_kv_usage': it belongs in [routing.guards], not [routing]",
+        ),
+        (
+            {"backends": BACKENDS, "server": {"connect_timeout_s": 1.0}},
+            "config: unknown key 'server.connect_timeout_s': it belongs in [upstream], not [server]",
+        ),
+        (
+            {"backends": BACKENDS, "server": {"max_inflight": 8}},
+            "config: unknown key 'server.max_inflight': it belongs in [backends.speculative] or"
+            " [backends.baseline] or [shadow], not [server]",
+        ),
+        (
+            {"backends": BACKENDS, "routing": {"tuning": {"prefill_ratio": 4.0}}},
+            "config: unknown key 'routing.tuning.prefill_ratio': it belongs in"
+            " [routing.tuning.rules], not [routing.tuning] (docs/tuning.md)",
+        ),
+        (
+            {"backends": BACKENDS, "upstream": {"swtich_margin": 0.1}},
+            "config: unknown key 'upstream.swtich_margin' (did you mean 'routing.tuning.switch_margin'?)",
+        ),
+        (
+            {"backends": {**BACKENDS, "pairs": "by_index"}},
+            "config: backends.pairs must be one of one, by-index, got 'by_index' (did you mean 'by-index'?)",
+        ),
+    ],
+)
+def test_a_key_in_the_wrong_table_names_the_right_one(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw)
+    assert str(exc.value) == message
+
+
+def test_a_table_that_fails_does_not_hide_its_siblings_problems() -> None:
+    """A bad value keeps its default so the table's other checks still run, and a table
+    that cannot be built (no urls) still lets the other tables be read."""
+    raw = {
+        "backends": {"speculative": {"urls": ["http://a:1"]}, "baseline": {}},
+        "server": {"port": "80", "keepalive_s": 0},
+        "shadow": {"share": 2.0},
+    }
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw)
+    assert str(exc.value).splitlines()[1:] == [
+        "  - missing key 'backends.baseline.urls'",
+        "  - server.port must be an integer, got '80'",
+        "  - server.keepalive_s must be > 0, got 0.0",
+        "  - shadow.share must be within [0, 1], got 2.0",
+    ]
+
+
+# ---- the JSON Schema (`specroute config --schema`) ----
+
+
+@pytest.fixture(scope="module")
+def validator() -> Any:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _leaf_keys(cls: Any, path: str = "") -> set[str]:
+    keys: set[str] = set()
+    for name, hint in typing.get_type_hints(cls).items():
+        key = f"{path}.{name}" if path else name
+        keys |= _leaf_keys(hint, key) if dataclasses.is_dataclass(hint) else {key}
+    return keys
+
+
+def _schema_keys(schema: dict[str, Any], path: str = "") -> set[str]:
+    keys: set[str] = set()
+    for name, prop in schema["properties"].items():
+        key = f"{path}.{name}" if path else name
+        keys |= _schema_keys(prop, key) if prop.get("type") == "object" else {key}
+    return keys
+
+
+def test_the_schema_accepts_the_shipped_config_and_every_key(validator: Any) -> None:
+    assert not list(validator.iter_errors(SHIPPED))
+    assert _schema_keys(json_schema()) == _leaf_keys(Config)
+
+
+def test_the_schema_refuses_what_the_loader_refuses(validator: Any) -> None:
+    bad = tomllib.loads(SEVERAL_WRONG)
+    found = {(e.json_path, e.validator) for e in validator.iter_errors(bad)}
+    assert found == {
+        ("$.backends.speculative.urls", "type"),
+        ("$.server", "additionalProperties"),
+        ("$.server.drain_s", "exclusiveMinimum"),
+        ("$.routing", "additionalProperties"),
+        ("$.logging.level", "enum"),
+    }
+
+
+def test_the_schema_has_types_defaults_choices_and_descriptions() -> None:
+    schema = json_schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    server = schema["properties"]["server"]
+    assert server["additionalProperties"] is False
+    assert server["properties"]["port"] == {
+        "type": "integer",
+        "exclusiveMinimum": 0,
+        "default": 8080,
+    }
+    assert "SIGTERM" in server["properties"]["drain_s"]["description"]
+    routing = schema["properties"]["routing"]["properties"]
+    assert routing["policy"]["enum"] == [
+        "profiled",
+        "rules",
+        "static-speculative",
+        "static-baseline",
+    ]
+    assert routing["profile_path"]["description"].startswith("the profile's JSON file")
+    tuning = routing["tuning"]["properties"]
+    assert "benchmarks/one_gpu_scenarios.py" in tuning["switch_margin"]["description"]
+    assert tuning["rules"]["properties"]["default_route"]["enum"] == ["speculative", "baseline"]
+    assert schema["properties"]["backends"]["required"] == ["speculative", "baseline"]
+    urls = schema["properties"]["backends"]["properties"]["speculative"]["properties"]["urls"]
+    assert urls == {"type": "array", "items": {"type": "string"}}

@@ -11,14 +11,32 @@ from .config import EmulatorConfig, add_emulator_arguments, config_from_args
 from .costs import describe_gpu
 from .dynamic import to_json
 
+EXAMPLES = (
+    "specroute emulate --mode speculative --port 8001",
+    "specroute emulate --mode baseline --port 8002 --gpu-profile h200-qwen3-32b",
+    "specroute emulate --mode dynamic --num-speculative-tokens-per-batch-size "
+    "'[[1,4,4],[5,256,0]]'",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`specroute emulate`'s flags: one per EmulatorConfig field, each with its default."""
+    from gateway.cli import HelpFormatter, epilog
+
+    parser = argparse.ArgumentParser(
+        prog="specroute emulate",
+        description="An EMULATED vLLM OpenAI server: vLLM's API and /metrics, modelled timing\n"
+        "(no model runs: text is modelled, step times from a measured GPU profile).",
+        epilog=epilog(EXAMPLES),
+        formatter_class=HelpFormatter,
+    )
+    add_emulator_arguments(parser)
+    return parser
+
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, say loudly that this is an emulation, serve until Ctrl-C."""
-    parser = argparse.ArgumentParser(
-        prog="specroute emulate",
-        description="An EMULATED vLLM OpenAI server: vLLM's API and /metrics, modelled timing.",
-    )
-    add_emulator_arguments(parser)
+    parser = build_parser()
     ns = parser.parse_args(argv)
     try:
         config = config_from_args(ns)
