@@ -48,6 +48,7 @@ from gateway.state import (
 from gateway.telemetry import Metrics
 from gateway.wire.limits import ByteRate
 from gateway.wire.relays import Relays
+from gateway.wire.tracing import TRACING, trace_middleware, tracing_ctx
 
 
 def create_app(
@@ -58,7 +59,8 @@ def create_app(
     (gateway/extproc), where Envoy carries the requests and the picker decides them."""
     runtime = Runtime(config)
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware(_current_keys)],
+        # Tracing outermost: its span sees the status an error became.
+        middlewares=[trace_middleware, error_middleware, auth_middleware(_current_keys)],
         client_max_size=config.server.max_body_bytes,
     )
     metrics = Metrics()
@@ -77,6 +79,7 @@ def create_app(
     app[BIG_BODY_RATE] = ByteRate(config.server.big_body_mb_s * 1e6)
     app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)
     app[SHADOWS] = ShadowRunner(config.shadow, app[BACKENDS], metrics, runtime)
+    app.cleanup_ctx.append(tracing_ctx)  # first: the last spans are sent after the rest ends
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background_tasks)
     app.cleanup_ctx.append(_outcome_log)
@@ -196,7 +199,7 @@ async def _shadows(app: web.Application) -> AsyncIterator[None]:
     if config.path and app[CONFIG].shadow.enabled:
         path = shadow_log_path(Path(config.path))
         log = OutcomeLog(path, max_bytes=config.max_bytes, backups=config.backups)
-    shadows.start(app[SESSION], log)
+    shadows.start(app[SESSION], log, app[TRACING])
     yield
     await shadows.stop()
     if log is not None:

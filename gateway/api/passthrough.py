@@ -38,6 +38,7 @@ from gateway.errors import LOGGED, APIError, draining, request_id
 from gateway.request.dispatch import ROUTE_HEADER, note_failure
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from gateway.wire.failures import UPSTREAM_ERRORS, upstream_failure
+from gateway.wire.tracing import TRACING, carried, log_fields, passthrough_call
 
 log = structlog.get_logger("specroute.passthrough")
 request_log = structlog.get_logger("specroute.request")
@@ -189,7 +190,7 @@ async def forward(
     answer (dropped the connection, sent what is not HTTP). A failure counts against
     its backend as a routed request's does; a success clears nothing (a wedged engine
     still answers /version). One request id goes to the backend, the log line and the
-    client.
+    client; the client's trace headers go on too (gateway/wire/tracing.py).
     """
     app = request.app
     config = app[RUNTIME].current.config
@@ -208,29 +209,37 @@ async def forward(
             sock_read=config.upstream.read_timeout_s,
         )
         repeatable = request.method in SAFE_METHODS
+        tracing = app.get(TRACING)
         for i, (backend, upstream) in enumerate(targets):
             url = URL(upstream.url + request.rel_url.raw_path_qs, encoded=True)
-            try:
-                upstream_response = await app[SESSION].request(
-                    request.method,
-                    url,
-                    data=body or None,
-                    headers={**headers, **backend.headers},
-                    timeout=timeout,
-                    allow_redirects=False,
-                )
-            except UPSTREAM_ERRORS as exc:
-                failure = upstream_failure(exc, backend.route.value)
-                note_failure(app[BACKENDS], backend, upstream, failure)
-                unsent = failure.refused or failure.kind == "connect_timeout"
-                if i == len(targets) - 1 or not (unsent or (repeatable and failure.retryable)):
-                    raise APIError(failure.status, failure.message, code=failure.kind) from None
-                continue
-            status, answered_by = upstream_response.status, backend.route.value
-            try:
-                return await _relay(request, upstream_response, (backend, upstream))
-            finally:
-                upstream_response.close()
+            route = backend.route.value
+            # Its span, if tracing is on: the trace headers sent are that span's.
+            with passthrough_call(
+                tracing, request.method, upstream.url + request.path, route
+            ) as call:
+                try:
+                    upstream_response = await app[SESSION].request(
+                        request.method,
+                        url,
+                        data=body or None,
+                        headers={**headers, **call.headers, **backend.headers},
+                        timeout=timeout,
+                        allow_redirects=False,
+                    )
+                except UPSTREAM_ERRORS as exc:
+                    failure = upstream_failure(exc, route)
+                    call.failed(failure.kind)
+                    note_failure(app[BACKENDS], backend, upstream, failure)
+                    unsent = failure.refused or failure.kind == "connect_timeout"
+                    if i == len(targets) - 1 or not (unsent or (repeatable and failure.retryable)):
+                        raise APIError(failure.status, failure.message, code=failure.kind) from None
+                    continue
+                status, answered_by = upstream_response.status, route
+                call.answered(status)
+                try:
+                    return await _relay(request, upstream_response, (backend, upstream))
+                finally:
+                    upstream_response.close()
         raise APIError(502, "no backend to forward it to", code="upstream_unavailable")
     except APIError as exc:
         status = exc.status
@@ -247,6 +256,7 @@ async def forward(
             http_status=status,
             status=f"{status // 100}xx",
             duration_s=round(time.perf_counter() - started, 4),
+            **log_fields(carried(request)),
         )
 
 

@@ -49,6 +49,7 @@ from gateway.request.pipeline import analyse, ask_for_usage, live_state, route_o
 from gateway.state import BACKENDS, BIG_BODIES, RNG, RUNTIME, SHADOWS, TOKENS
 from gateway.wire.life import STREAM_RESET, RequestLife
 from gateway.wire.proxy import loads_object, read_chat_events, usage_in
+from gateway.wire.tracing import forwarded
 
 ENDPOINT_HEADER = "x-gateway-destination-endpoint"
 _PATHS = {"/v1/chat/completions": Endpoint.CHAT, "/v1/completions": Endpoint.COMPLETIONS}
@@ -134,7 +135,9 @@ class PickerStream:
         if endpoint is None:  # not routed: Envoy's default route takes it
             return [messages.request_headers_reply()]
         self.life = life = RequestLife.start(
-            request_id_of({"X-Request-Id": headers.get("x-request-id", "")}), endpoint
+            request_id_of({"X-Request-Id": headers.get("x-request-id", "")}),
+            endpoint,
+            forwarded(headers),  # Envoy forwards them itself; a shadow copy carries them on
         )
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=life.request_id, endpoint=endpoint.value)

@@ -40,6 +40,7 @@ from gateway.wire.proxy import (
     read_chat_events,
     relay,
 )
+from gateway.wire.tracing import TRACING, routed_call
 
 ROUTE_HEADER = "x-specroute-route"
 REASON_HEADER = "x-specroute-reason"
@@ -146,18 +147,24 @@ async def _attempt(
         headers[PREDICTED_HEADER] = routed.predicted
     app[SHADOWS].user_arrived(upstream)  # a shadow there gives way now
     tracked = pool.track(backend, upstream, routed.prefill_tokens, life.features)
-    with tracked as prefilled, app[RELAYS].running():
+    url = upstream.url + request.path
+    call = routed_call(app.get(TRACING), life, route.value, url)  # its span, if tracing is on
+    with tracked as prefilled, app[RELAYS].running(), call as traced:
         meter.on_first_token = prefilled
         life.sent_to(route, pool.batch(route, upstream))
         try:
             response = await open_upstream(
                 request,
                 app[SESSION],
-                Target(upstream.url, route.value, backend.headers, routed.request_id),
+                # the trace headers: this call's span's, replacing the client's
+                Target(
+                    upstream.url, route.value, backend.headers | traced.headers, routed.request_id
+                ),
                 routed.body,
                 connect_timeout_s=config.upstream.connect_timeout_s,
                 read_timeout_s=config.upstream.read_timeout_s,
             )
+            traced.answered(response.status)
             sick = response.status >= 500 and retry is _Retry.ANY
             if sick and (move := _retry(pool, config, route, routed.pair)):
                 response.close()
@@ -173,6 +180,7 @@ async def _attempt(
             )
             answer = await relay(request, response, meter, how)
         except UpstreamFailure as failure:  # nothing reached the client
+            traced.failed(failure.kind)
             note_failure(pool, backend, upstream, failure)
             move = _move_after(pool, config, route, routed.pair, failure, retry)
             return move or failure_response(meter, failure, headers)

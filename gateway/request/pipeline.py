@@ -42,6 +42,7 @@ from gateway.state import (
 )
 from gateway.wire.life import CLIENT_DISCONNECT, RequestLife, RequestRecord
 from gateway.wire.proxy import read_chat_events
+from gateway.wire.tracing import TRACING, annotate, carried, log_fields
 from gateway.wire.validation import parse_body, with_member
 
 _BIG_BODY = 256 * 1024  # parsing and reading it take a millisecond or more
@@ -54,10 +55,12 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
     app = request.app
     snapshot = app[RUNTIME].current  # one config for the whole request, whatever reloads
     config = snapshot.config
-    life = RequestLife.start(request_id(request), endpoint)
+    life = RequestLife.start(request_id(request), endpoint, carried(request))
     request[LOGGED] = True  # the line below is this request's log line
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=life.request_id, endpoint=endpoint.value)
+    structlog.contextvars.bind_contextvars(
+        request_id=life.request_id, endpoint=endpoint.value, **log_fields(life.trace)
+    )
     try:
         if app[RUNTIME].draining:
             raise draining()
@@ -119,6 +122,7 @@ def settle(app: web.Application, snapshot: Snapshot, life: RequestLife) -> None:
     sources = app[BACKENDS].sources
     record = life.close(config.backends.speculative.num_speculative_tokens, sources.attributed_rate)
     sources.saw_answer(record.spec_metrics)
+    annotate(app.get(TRACING), record, life.meter.report)  # the request's span, if traced
     count_request(app[METRICS], record)
     log_request(record)
     learn(snapshot.policy, app[METRICS], record)

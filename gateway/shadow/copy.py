@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -25,6 +26,7 @@ from classifier.types import Route
 from gateway.wire.acceptance import MeasuredAcceptance, measured_acceptance
 from gateway.wire.life import AttributedRate, RequestRecord
 from gateway.wire.proxy import has_token, loads_object
+from gateway.wire.tracing import Call, Tracing, shadow_call
 
 _PATHS = {Endpoint.CHAT: "/v1/chat/completions", Endpoint.COMPLETIONS: "/v1/completions"}
 _EVENT_END = b"\n\n"
@@ -42,6 +44,10 @@ class Primary:
     duration_s: float
     completion_tokens: int
     alone: bool  # nothing else ran on its GPU as it was sent and ended: comparable
+    model: str | None = None
+    # The trace context the user's request carried on (RequestRecord.trace): the copy's
+    # trace links to it (tracing on) or carries it unchanged (off).
+    trace: Mapping[str, str] = field(default_factory=dict)
 
 
 def primary_of(record: RequestRecord) -> Primary | None:
@@ -65,6 +71,8 @@ def primary_of(record: RequestRecord) -> Primary | None:
         record.duration_s,
         lesson.completion_tokens,
         alone=record.batch == 1 and lesson.state.of(lesson.route.other).inflight == 0,
+        model=model if isinstance(model := record.body.get("model"), str) else None,
+        trace=record.trace,
     )
 
 
@@ -90,6 +98,23 @@ def shadow_body(body: dict[str, Any], tokens: int) -> bytes:
 
 def path_of(features: RequestFeatures) -> str:
     return _PATHS[features.endpoint]
+
+
+def traced(
+    tracing: Tracing | None, primary: Primary, route: Route, url: str
+) -> AbstractContextManager[Call]:
+    """The copy's call as a trace sees it (gateway/wire/tracing.py's shadow_call): the
+    headers to send with it, its span's or the user's."""
+    asked = {"model": primary.model, "max_tokens": primary.completion_tokens}
+    return shadow_call(
+        tracing,
+        primary.trace,
+        endpoint=primary.features.endpoint,
+        body=asked,
+        route=route.value,
+        url=url,
+        of=primary.request_id,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,10 +59,12 @@ from gateway.shadow.copy import (
     primary_of,
     send,
     shadow_body,
+    traced,
 )
 from gateway.shadow.results import PairTotals, paired, shadow_lesson, shadow_line
 from gateway.telemetry import Metrics
 from gateway.wire.life import RequestRecord
+from gateway.wire.tracing import Tracing
 
 log = structlog.get_logger("specroute.shadow")
 
@@ -116,15 +118,19 @@ class ShadowRunner:
         self._wake = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._outcomes: OutcomeLog | None = None
+        self._tracing: Tracing | None = None
         self._loop: asyncio.Task[None] | None = None
         self.totals = PairTotals(metrics)
         metrics.shadow_inflight.set(0)
 
     # ---- lifecycle (the app's cleanup_ctx) -----------------------------------------
 
-    def start(self, session: aiohttp.ClientSession, log: OutcomeLog | None) -> None:
-        """Run the loop (if enabled); `log`: where each shadow's line goes, if anywhere."""
-        self._session, self._outcomes = session, log
+    def start(
+        self, session: aiohttp.ClientSession, log: OutcomeLog | None, tracing: Tracing | None = None
+    ) -> None:
+        """Run the loop (if enabled); `log`: where each shadow's line goes, if anywhere;
+        `tracing`: the app's (a copy's span, gateway/wire/tracing.py)."""
+        self._session, self._outcomes, self._tracing = session, log, tracing
         if self._config.enabled:
             self._loop = asyncio.create_task(self._run_loop(), name="specroute-shadows")
 
@@ -268,17 +274,19 @@ class ShadowRunner:
         handle = decode.begin(
             features.workload.value, 1, None if features.stream else time.monotonic()
         )
+        url = upstream.url + path_of(features)
         try:
-            measured = await send(
-                self._session,
-                upstream.url + path_of(features),
-                queued.body,
-                headers,
-                stream=features.stream,
-                read_timeout_s=config.upstream.read_timeout_s,
-                connect_timeout_s=config.upstream.connect_timeout_s,
-                on_first_token=lambda: decode.decoding(handle, time.monotonic()),
-            )
+            with traced(self._tracing, queued.primary, queued.route, url) as call:
+                measured = await send(
+                    self._session,
+                    url,
+                    queued.body,
+                    {**headers, **call.headers},
+                    stream=features.stream,
+                    read_timeout_s=config.upstream.read_timeout_s,
+                    connect_timeout_s=config.upstream.connect_timeout_s,
+                    on_first_token=lambda: decode.decoding(handle, time.monotonic()),
+                )
         except ShadowFailed as exc:
             self._end(run, FAILED)
             log.info("shadow_failed", backend=queued.route.value, why=str(exc))

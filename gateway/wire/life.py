@@ -99,10 +99,14 @@ class RequestLife:
     batch: int = 0  # requests in flight on that backend (in its pair) when sent, this one incl.
     body: dict[str, Any] = field(default_factory=dict)
     pair: int = 0  # the GPU pair it was decided for (`state` is that pair's)
+    # The W3C trace headers it carries on to its shadow copy (gateway/wire/tracing.py).
+    trace: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, request_id: str, endpoint: Endpoint) -> RequestLife:
-        return cls(request_id, endpoint, Meter(started=time.perf_counter()))
+    def start(
+        cls, request_id: str, endpoint: Endpoint, trace: dict[str, str] | None = None
+    ) -> RequestLife:
+        return cls(request_id, endpoint, Meter(started=time.perf_counter()), trace=trace or {})
 
     def decided(
         self,
@@ -158,6 +162,7 @@ class RequestLife:
             body=self.body,
             spec_metrics=spec_metrics,
             pair=self.pair,
+            trace=self.trace,
         )
 
 
@@ -187,6 +192,7 @@ class RequestRecord:
     # None for every other answer (no evidence either way).
     spec_metrics: bool | None = None
     pair: int = 0  # the GPU pair it was decided for
+    trace: dict[str, str] = field(default_factory=dict)  # the trace context it carried on
 
     @property
     def predicted_s(self) -> float | None:

@@ -39,6 +39,7 @@ from gateway.wire.failures import (
 from gateway.wire.life import CLIENT_DISCONNECT, UPSTREAM_ERROR_EVENT, Meter
 from gateway.wire.relays import is_drain
 from gateway.wire.sse import EventCutter
+from gateway.wire.tracing import TRACE_HEADERS
 
 _EVENT_END = b"\n\n"
 _DONE = b"data: [DONE]"
@@ -46,7 +47,9 @@ _DONE_EVENT = _DONE + _EVENT_END
 # An event that is an error object (vLLM's shape); inside generated text the
 # quotes would be escaped, so this never matches an answer's content.
 _ERROR_EVENT = b'data: {"error"'
-_FORWARDED_REQUEST_HEADERS = ("Content-Type", "Accept", "User-Agent")
+# With the client's W3C trace context, so the backend's spans join the client's trace
+# (with tracing on, the call's own span's headers replace them: Target.headers).
+_FORWARDED_REQUEST_HEADERS = ("Content-Type", "Accept", "User-Agent", *TRACE_HEADERS)
 # The gateway reads every answer (usage, first token, vLLM's metrics), so it
 # asks for plain bytes; a backend that compresses anyway is passed through
 # with its Content-Encoding, so the client can still decode it.
@@ -68,7 +71,7 @@ EventReader = Callable[[bytes, Meter, bool], bytes]
 class Target:
     base_url: str
     name: str  # the backend's route name, for errors and metrics
-    headers: dict[str, str]
+    headers: dict[str, str]  # sent last: the backend's own, the call's trace context
     request_id: str  # the id the gateway logs and returns, so the two logs join
 
 

@@ -135,8 +135,9 @@ def test_server_wheel_holds_gateway_and_classifier_only(
     assert "specroute = gateway.cli:main" in server_wheel.read(entry_points).decode()
     meta = _metadata(server_wheel)
     # The tooling's extras (bench, train, traffic) are specroute-tools' now; envoy holds
-    # what only `specroute ext-proc` needs, and dev (the tests) takes it in.
-    assert set(meta.get_all("Provides-Extra") or []) == {"dev", "envoy"}
+    # what only `specroute ext-proc` needs, otel the spans (docs/tracing.md), and dev
+    # (the tests) takes both in.
+    assert set(meta.get_all("Provides-Extra") or []) == {"dev", "envoy", "otel"}
     requires = meta.get_all("Requires-Dist") or []
     runtime = [r for r in requires if "extra ==" not in r]
     assert not [r for r in runtime if r.startswith(("matplotlib", "scikit-learn", "specroute"))]
@@ -145,6 +146,8 @@ def test_server_wheel_holds_gateway_and_classifier_only(
     envoy = {re.split(r"[<>=!~ ;]", r)[0] for r in requires if 'extra == "envoy"' in r}
     assert envoy == set(grpc), envoy
     assert any(r.startswith("specroute[envoy]") and 'extra == "dev"' in r for r in requires)
+    assert any(r.startswith("specroute[otel]") and 'extra == "dev"' in r for r in requires)
+    assert not [r for r in runtime if r.startswith("opentelemetry")], runtime
 
 
 def test_tools_wheel_holds_tooling(
