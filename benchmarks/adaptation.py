@@ -38,10 +38,10 @@ per scenario:
   The benchmark prints process CPU / wall for these runs: near 1, e2e would
   include CPU queueing instead of the modelled GPU's time (at time scale 0.2
   it stays under 0.65 on 2 cores; at 0.05, the smoke run's, it reaches 0.8-0.97).
-- the same traffic in VIRTUAL time (tests/classifier/shared_gpu_sim.py: the
+- the same traffic in VIRTUAL time (tooling/sim/shared_gpu.py: the
   emulator's step costs, scheduling and acceptance, without a clock or HTTP),
   with the policy the gateway builds from the same config, given the profile a
-  profiler measures of the same costs (shared_gpu_sim.engine_profile: noise-free,
+  profiler measures of the same costs (shared_gpu.engine_profile: noise-free,
   overlap 1 on one GPU, 0 on two): the same figures
   without CPU noise, and without what only HTTP has (no /metrics scrape, so no
   waiting, running or KV figures: neither avoid-queue nor the scraped guards
@@ -72,9 +72,7 @@ import aiohttp
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "classifier")]
-
-import shared_gpu_sim  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from classifier.features import Endpoint, Workload, extract_features  # noqa: E402
 from classifier.profile import EngineProfile  # noqa: E402
@@ -93,6 +91,7 @@ from tooling.emulator.acceptance import base_acceptance, classify  # noqa: E402
 from tooling.emulator.protocol import parse_generation  # noqa: E402
 from tooling.loadgen import Result, run_closed_loop  # noqa: E402
 from tooling.local_stack import MODEL, serve_app  # noqa: E402
+from tooling.sim import shared_gpu  # noqa: E402
 from tooling.workloads import Request, build  # noqa: E402
 
 NAMES = ["structured", "sql", "code", "creative", "rag", "chat"]
@@ -444,19 +443,19 @@ async def run_http(
 def run_virtual(s: Scenario, counts: Counts, counter: TokenCounter, out: Outcome) -> None:
     """The same traffic in virtual time: concurrency 1, then the loaded levels, one policy
     as the gateway builds it from the same config, given the profile a profiler measures
-    of the same costs (shared_gpu_sim.engine_profile)."""
+    of the same costs (shared_gpu.engine_profile)."""
     truth = emulator_config(s, 1.0)
     policy = build_policy(
         gateway_config("http://s.invalid", "http://b.invalid", k=out.told_k, time_scale=1.0)
     )
     assert isinstance(policy, ProfiledPolicy)
-    sim = shared_gpu_sim
+    sim = shared_gpu
     policy.use_profile(sim.engine_profile(truth, gpus=s.gpus, counter=counter))
 
-    def workload(n: int, seed: int) -> list[shared_gpu_sim.Job]:
+    def workload(n: int, seed: int) -> list[shared_gpu.Job]:
         return sim.jobs(math.ceil(n / len(NAMES)), seed=seed, counter=counter, emulator=truth)[:n]
 
-    def run(router: Policy, jobs: list[shared_gpu_sim.Job], level: int) -> float:
+    def run(router: Policy, jobs: list[shared_gpu.Job], level: int) -> float:
         return sim.mean_latency(sim.simulate(router, jobs, level, emulator=truth, gpus=s.gpus))
 
     first = workload(counts.first, 1)

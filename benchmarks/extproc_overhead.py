@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.overhead import free_port, latencies, pct, process  # noqa: E402
-from tests.extproc.envoy_support import (  # noqa: E402
+from tooling.bench.targets import wait_for_profile  # noqa: E402
+from tooling.envoy import (  # noqa: E402
     ADMIN,
     BASELINE,
     LISTENER,
@@ -35,7 +36,6 @@ from tests.extproc.envoy_support import (  # noqa: E402
     envoy_binary,
     render,
 )  # fmt: skip
-from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import wait_healthy  # noqa: E402
 
 

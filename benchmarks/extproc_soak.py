@@ -43,14 +43,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.overhead import free_port, pct, process, rss_mb  # noqa: E402
-from tests.extproc.envoy_support import (  # noqa: E402
+from tooling.bench.targets import wait_for_profile  # noqa: E402
+from tooling.envoy import (  # noqa: E402
+    chat,
+    emulator_state,
     envoy_command,
     envoy_stat,
+    metric,
     picker_in,
     render_pool,
 )
-from tests.extproc.helpers import chat, emulator_state, metric  # noqa: E402
-from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import wait_healthy  # noqa: E402
 
 EXT_PROC = ("streams_started", "streams_closed", "streams_failed", "message_timeouts",

@@ -2,13 +2,15 @@
 
     .venv/bin/python benchmarks/one_gpu_scenarios.py [REPO]
 
-tests/classifier/shared_gpu_sim.py runs the emulator's H200 step costs (1B draft, k=4),
-the two servers time-sliced on one GPU or a GPU each, and the profile a profiler would
+tooling/sim/shared_gpu.py runs the emulator's H200 step costs (1B draft, k=4), the
+two servers time-sliced on one GPU or a GPU each, and the profile a profiler would
 measure of them. Printed per scenario: the router's mean e2e over the per-request
 oracle's or the better static route's, and its prediction error. REPO (default: this
-checkout) is where `classifier` is imported from: another commit's router in a git
-worktree, with this checkout's tests/classifier/shared_gpu_sim.py copied in, gives the
-column beside. EMULATED: the modelled timing of a measured GPU, not a GPU run.
+checkout) is where `classifier` (the router) is imported from, say another commit's in
+a git worktree, for the column beside; the simulator, the emulator's costs and the
+gateway it imports stay this checkout's, so both columns meet the same truth (REPO's
+classifier must offer what they import from it). EMULATED: the modelled timing of a
+measured GPU, not a GPU run.
 """
 
 from __future__ import annotations
@@ -19,15 +21,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+HERE = Path(__file__).resolve().parents[1]
+
 
 def main(argv: Sequence[str]) -> int:
-    root = Path(argv[0]).resolve() if argv else Path(__file__).resolve().parents[1]
-    sys.path[:0] = [str(root), str(root / "tests" / "classifier")]
+    root = Path(argv[0]).resolve() if argv else HERE
+    sys.path.insert(0, str(root))
     classifier = importlib.import_module("classifier")
-    if not str(classifier.__file__).startswith(str(root)):
-        raise SystemExit(f"classifier came from {classifier.__file__}, not {root}")
-    sim = importlib.import_module("shared_gpu_sim")
+    sys.path.remove(str(root))
+    # The rest from this checkout; `classifier` stays REPO's (it is imported already).
+    sys.path.insert(0, str(HERE))
+    sim = importlib.import_module("tooling.sim.shared_gpu")
     names = importlib.import_module("tooling.workloads").MIXES["demo"]
+    for module, home in ((classifier, root), (sim, HERE), (sys.modules["gateway"], HERE)):
+        if not Path(str(module.__file__)).resolve().is_relative_to(home):
+            raise SystemExit(f"{module.__name__} came from {module.__file__}, not {home}")
     print(f"EMULATED (measured H200, virtual time); the router of {root}")
     for name, value in scenarios(sim, classifier, names):
         print(f"{name:<52} {value}")

@@ -72,7 +72,10 @@ from gateway.config import Config  # noqa: E402
 from gateway.extproc.server import start as start_picker  # noqa: E402
 from gateway.state import RUNTIME  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
-from tests.extproc.envoy_support import (  # noqa: E402
+from tooling.bench.targets import wait_for_profile  # noqa: E402
+from tooling.emulator import EMULATOR, SharedGpu, create_emulator_app  # noqa: E402
+from tooling.emulator.engine import Engine  # noqa: E402
+from tooling.envoy import (  # noqa: E402
     ADMIN,
     BASELINE,
     LISTENER,
@@ -82,9 +85,6 @@ from tests.extproc.envoy_support import (  # noqa: E402
     render,
     run_envoy,
 )  # fmt: skip
-from tooling.bench.targets import wait_for_profile  # noqa: E402
-from tooling.emulator import EMULATOR, SharedGpu, create_emulator_app  # noqa: E402
-from tooling.emulator.engine import Engine  # noqa: E402
 from tooling.loadgen import Result, send_one  # noqa: E402
 from tooling.local_stack import MODEL, serve_app  # noqa: E402
 from tooling.workloads import Request, build  # noqa: E402

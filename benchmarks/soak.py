@@ -8,8 +8,8 @@ killed and restarted); the gateway runs in this process under the production
 runner settings, next to the load generator. Clients send streams and whole
 answers (clients 1 and 5 of every 8 name a route with x-specroute-route; one
 stream in ten is left mid-way), a probe every second measures the queue wait,
-and the events of issue 16's chaos test (tests/gateway/test_chaos.py, whose
-tests/gateway/chaos_support.py this shares) come round in turn, one every 3 s:
+and the events of issue 16's chaos test (tests/gateway/test_chaos.py; tooling/chaos.py
+holds what both run) come round in turn, one every 3 s:
 - the speculative backend is killed (SIGKILL) and restarted 2 s later;
 - the baseline backend stalls mid-stream for 0.5 s on a few requests (slow);
 - the baseline backend is killed and restarted 2 s later;
@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from classifier.types import Route  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
-from tests.gateway.chaos_support import (  # noqa: E402
+from tooling.chaos import (  # noqa: E402
     Action,
     Chaos,
     EmulatedBackend,

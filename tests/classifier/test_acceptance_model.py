@@ -7,7 +7,6 @@ import random
 from typing import Any
 
 import pytest
-from pair_sim import features
 
 from classifier import Workload
 from classifier.acceptance_model import (
@@ -21,6 +20,7 @@ from classifier.acceptance_model import (
     load_acceptance_model,
 )
 from classifier.speculation import acceptance_rate
+from tooling.sim.pair import features
 
 K = 4
 

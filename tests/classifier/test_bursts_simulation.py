@@ -1,5 +1,5 @@
 """Traffic in bursts of one kind at a time (the README demo's shape), on ONE GPU at
-concurrency 2 (shared_gpu_sim: the emulator's step costs in virtual time), through the
+concurrency 2 (tooling/sim/shared_gpu.py: the emulator's step costs in virtual time), through the
 profiled policy on the profile a profiler would measure of that GPU.
 
 Each burst's whole batch belongs on the server that suits its kind: speculative for
@@ -11,9 +11,9 @@ on the previous one.
 from __future__ import annotations
 
 import pytest
-from shared_gpu_sim import Job, jobs, mean_latency, profiled, simulate
 
 from classifier import Route, StaticPolicy
+from tooling.sim.shared_gpu import Job, jobs, mean_latency, profiled, simulate
 from tooling.workloads import MIXES
 
 pytestmark = pytest.mark.slow

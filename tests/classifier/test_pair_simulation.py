@@ -1,16 +1,24 @@
-"""The profiled policy on a synthetic pair with a GPU each (pair_sim: noisy latencies,
+"""The profiled policy on a synthetic pair with a GPU each (tooling/sim/pair.py: noisy latencies,
 the profile what a profiler measures of the same costs), starting from probes that saw
 one acceptance (a = 0.6) for every workload, up to 0.4 off the truth.
 
-Print the table with: .venv/bin/python tests/classifier/pair_sim.py
+Print the table with: .venv/bin/python -m tooling.sim.pair
 """
 
 from __future__ import annotations
 
 import pytest
-from pair_sim import WRONG_PROBES, Engine, mean_latency, mixed_requests, oracle, profiled, simulate
 
 from classifier import Route, RulesConfig, RulesPolicy, StaticPolicy
+from tooling.sim.pair import (
+    WRONG_PROBES,
+    Engine,
+    mean_latency,
+    mixed_requests,
+    oracle,
+    profiled,
+    simulate,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The profiled policy on ONE GPU under load (shared_gpu_sim: the measured H200's step
+"""The profiled policy on ONE GPU under load (tooling/sim/shared_gpu.py: the measured H200's step
 costs in virtual time, the two servers time-sliced; the profile what gateway/profiling/probes.py
 would measure of them). Splitting a busy GPU's batch over two servers makes everyone
 slower, so under load the policy must keep up with the better static route, and routing
@@ -7,13 +7,17 @@ worse: why the batch is consolidated. On an idle GPU each request still goes whe
 fastest, and with a GPU per server (gpus=2, beside 1) always. Acceptance the probes got
 wrong is learned.
 
-Print the table with: .venv/bin/python tests/classifier/shared_gpu_sim.py
+Print the table with: .venv/bin/python -m tooling.sim.shared_gpu
 """
 
 from __future__ import annotations
 
 import pytest
-from shared_gpu_sim import (
+
+from classifier import Route, StaticPolicy, Workload
+from classifier.tokens import TokenCounter
+from tooling.emulator.config import EmulatorConfig
+from tooling.sim.shared_gpu import (
     jobs,
     mean_latency,
     oracle_latency,
@@ -21,10 +25,6 @@ from shared_gpu_sim import (
     profiled,
     simulate,
 )
-
-from classifier import Route, StaticPolicy, Workload
-from classifier.tokens import TokenCounter
-from tooling.emulator.config import EmulatorConfig
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 REQUESTS = jobs(100, seed=3)

@@ -41,7 +41,7 @@ from tests.deploy.test_k8s import (
     pod_labels,
     selects,
 )
-from tests.extproc.envoy_support import envoy_admin
+from tooling.envoy import envoy_admin
 
 OVERLAY = K8S / "envoy-gateway"
 CRDS = Path(__file__).resolve().parent / "crds"

@@ -16,10 +16,13 @@ from aiohttp import web
 from classifier.tokens import TokenCounter, load_tiktoken_counter
 from gateway.extproc.server import Running, start
 from gateway.extproc.stream import Mode
-from tests.extproc.envoy_support import (
+from tests.support import require_tool
+from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
+from tooling.envoy import (
     ADMIN,
     BASELINE,
     ENDPOINT_BOOTSTRAP,
+    INSTALL,
     LISTENER,
     PICKER,
     POOL_BOOTSTRAP,
@@ -29,7 +32,6 @@ from tests.extproc.envoy_support import (
     render,
     run_envoy,
 )
-from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
 from tooling.local_stack import MODEL, gateway_config
 
 TIME_SCALE = 0.05
@@ -74,6 +76,7 @@ def _port(url: str) -> int:
 @pytest.fixture
 async def stack_for(tmp_path: Path, tokens: TokenCounter) -> AsyncIterator[StackFactory]:
     """make(mode=..., bootstrap=..., **config sections) -> a running Stack."""
+    require_tool("envoy", INSTALL)  # a loud skip here, a failure in CI
     async with contextlib.AsyncExitStack() as exits:
 
         async def make(*, mode: Mode = Mode.POOL, picker_up: bool = True, **sections: Any) -> Stack:

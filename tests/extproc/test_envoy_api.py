@@ -8,8 +8,9 @@ import json
 import aiohttp
 
 from tests.extproc.conftest import StackFactory
-from tests.extproc.helpers import chat, emulator_state, events, metric, usage_chunks
+from tests.extproc.helpers import events, usage_chunks
 from tests.support import wait_until
+from tooling.envoy import chat, emulator_state, metric
 from tooling.local_stack import MODEL
 
 
@@ -31,7 +32,7 @@ async def test_a_whole_answer_carries_the_decision_and_is_learned(stack_for: Sta
     assert await metric(picker, "specroute_requests_total", route="speculative", status="2xx") == 1
     assert await metric(picker, "specroute_output_tokens_total", route="speculative") == 16
     assert (
-        await metric(picker, "specroute_spec_acceptance_rate_count", source="per_request_metrics")
+        await metric(picker, "specroute_spec_acceptance_ratio_count", source="per_request_metrics")
         == 1
     )
     assert request_id and body["id"].endswith(request_id)  # the id Envoy and the picker log
@@ -120,7 +121,7 @@ async def test_in_flight_follows_the_streams_and_returns_to_zero(stack_for: Stac
     async with aiohttp.ClientSession() as s:
         async with s.post(f"{stack.envoy.url}/v1/chat/completions", json=long) as r:
             await r.content.readline()
-            assert await metric(picker, "specroute_inflight_requests", backend="speculative") == 1
+            assert await metric(picker, "specroute_inflight_requests", route="speculative") == 1
             await r.read()
         await wait_until(lambda: _inflight(picker), "in-flight back to zero", timeout_s=5)
     # Envoy closes the gRPC stream once the HTTP stream is done: a half-close, not a

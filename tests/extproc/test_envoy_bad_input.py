@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from tests.extproc.conftest import StackFactory
-from tests.extproc.helpers import chat, emulator_state, metric
+from tooling.envoy import chat, emulator_state, metric
 
 LIMIT = 2048
 JSON = {"content-type": "application/json"}

@@ -9,7 +9,8 @@ import aiohttp
 
 from gateway.extproc.stream import Mode
 from tests.extproc.conftest import StackFactory
-from tests.extproc.helpers import chat, emulator_state, events, metric, usage_chunks
+from tests.extproc.helpers import events, usage_chunks
+from tooling.envoy import chat, emulator_state, metric
 
 
 async def test_the_named_server_answers_streamed_and_not(stack_for: StackFactory) -> None:

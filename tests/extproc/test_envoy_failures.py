@@ -13,9 +13,8 @@ import pytest
 
 from gateway.extproc.stream import PickerStream
 from tests.extproc.conftest import Stack, StackFactory
-from tests.extproc.envoy_support import envoy_stat
-from tests.extproc.helpers import chat, emulator_state, metric
 from tests.support import wait_until
+from tooling.envoy import chat, emulator_state, envoy_stat, metric
 
 SLOW_PROBES = {"health_interval_s": 30.0, "scrape_interval_s": 30.0}  # Envoy notices first
 
@@ -81,7 +80,7 @@ async def test_a_5xx_before_any_byte_is_retried_on_the_other_route(
         await r.read()
     await _settled(stack)
     picker = stack.picker.http_url
-    assert await metric(picker, "specroute_failovers_total", from_backend="speculative") == 1
+    assert await metric(picker, "specroute_failovers_total", from_route="speculative") == 1
     assert await metric(picker, "specroute_requests_total", route="baseline", status="2xx") == 1
     assert await envoy_stat(stack.envoy.admin, "cluster.speculative.upstream_rq_retry") == 1
 

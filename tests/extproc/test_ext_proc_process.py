@@ -11,20 +11,23 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.extproc.envoy_support import (
+from tests.extproc.helpers import usage_chunks
+from tests.support import require_tool, wait_until
+from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
+from tooling.envoy import (
     ADMIN,
     BASELINE,
+    INSTALL,
     LISTENER,
     PICKER,
     POOL_BOOTSTRAP,
     SPECULATIVE,
+    chat,
+    metric,
     picker_in,
     render,
     run_envoy,
 )  # fmt: skip
-from tests.extproc.helpers import chat, metric, usage_chunks
-from tests.support import wait_until
-from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
 from tooling.local_stack import MODEL, serve_app
 
 
@@ -47,6 +50,7 @@ async def _up(url: str) -> bool:
 
 
 async def test_the_command_serves_envoy_and_stops_on_sigterm(tmp_path: Path) -> None:
+    require_tool("envoy", INSTALL)
     gpu = SharedGpu()
     spec_cfg = EmulatorConfig(mode="speculative", model=MODEL, time_scale=0.05)
     spec_runner, spec_url = await serve_app(create_emulator_app(spec_cfg, gpu))

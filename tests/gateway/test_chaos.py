@@ -4,7 +4,7 @@ let one client slow the gateway for everyone.
 32 closed-loop clients (streams and whole answers; clients 1 and 5 of every 8
 name a route with x-specroute-route) and a probe sent every 0.8 s go through the
 gateway, run as production runs it, in front of two EMULATED vLLM servers in
-their own processes (tests/gateway/chaos_support.py). At fixed times: the
+their own processes (tooling/chaos.py). At fixed times: the
 baseline is killed and restarted, then the speculative server; the baseline
 stalls; the baseline answers 500 until the gateway ejects it, recovers, and
 the speculative server is killed; the baseline's engine is filled with
@@ -55,7 +55,8 @@ from classifier.tokens import TokenCounter
 from classifier.types import Route
 from gateway.app import create_app
 from gateway.state import BACKENDS
-from tests.gateway.chaos_support import (
+from tests.support import wait_until
+from tooling.chaos import (
     Action,
     Chaos,
     EmulatedBackend,
@@ -76,7 +77,6 @@ from tests.gateway.chaos_support import (
     summarize,
     unloaded_ttft,
 )
-from tests.support import wait_until
 from tooling.local_stack import serve_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(110)]

@@ -22,7 +22,8 @@ from classifier.tokens import load_tiktoken_counter
 from gateway.config import parse_config
 from gateway.extproc.server import start
 from gateway.extproc.stream import Mode
-from tests.extproc.envoy_support import (
+from tests.support import wait_until
+from tooling.envoy import (
     ADMIN,
     BASELINE,
     LISTENER,
@@ -34,7 +35,6 @@ from tests.extproc.envoy_support import (
     render,
     run_envoy,
 )
-from tests.support import wait_until
 
 pytestmark = pytest.mark.vllm
 

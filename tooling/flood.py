@@ -2,8 +2,8 @@
 that neither the senders' 4 MB writes nor the test's event loop are timed as the
 gateway's (a readiness probe, too, comes from outside the gateway's process).
 
-    python -m tests.gateway.flood_senders send URL SECONDS BODY.json [BODY.json ...]
-    python -m tests.gateway.flood_senders time URL SECONDS
+    python -m tooling.flood send URL SECONDS BODY.json [BODY.json ...]
+    python -m tooling.flood time URL SECONDS
 
 `send` prints the answers' statuses as JSON; `time` prints /health round trips (ms),
 one every 10 ms.

@@ -48,12 +48,11 @@ from gateway.config import Config, parse_config
 from gateway.request.dispatch import FAILOVER_HEADER, REASON_HEADER, ROUTE_HEADER
 from gateway.state import BACKENDS
 from gateway.wire.proxy import has_token
-from tests.support import wait_until
 from tooling.local_stack import wait_healthy
 from tooling.workloads import build
 
 MODEL = "emulated-model"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CHAT = "/v1/chat/completions"
 JSON = {"Content-Type": "application/json"}
 # The emulator's costs as the gateway is told them (EmulatorConfig's defaults).
@@ -258,7 +257,8 @@ class Sent:
             why = f" {error['code']} ({error['message']})"
         except (ValueError, KeyError, TypeError):
             why = f" {self.detail[:80]}" if self.detail else ""
-        return f"{self.kind} {'stream' if self.stream else 'whole'} via {route}{moved}: {self.ending}{why}"
+        shape = "stream" if self.stream else "whole"
+        return f"{self.kind} {shape} via {route}{moved}: {self.ending}{why}"
 
 
 async def send(
@@ -450,6 +450,16 @@ async def run_probes(
 
 
 Action = Callable[[], Awaitable[None]]
+
+
+async def wait_until(condition: Callable[[], bool], what: str, *, timeout_s: float) -> None:
+    """Poll `condition` every 10 ms until it holds; AssertionError naming `what` past
+    `timeout_s` (a scripted event that did not happen as scripted)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        await asyncio.sleep(0.01)
 
 
 async def run_schedule(start: float, steps: Sequence[tuple[float, Action]]) -> None:
@@ -749,7 +759,7 @@ async def flood(gateway: str, seconds: float, bodies: Sequence[bytes]) -> Flood:
     """One sender per body posts it again and again for `seconds` while /health is timed
     every 10 ms, and for half a second before, idle.
 
-    Senders and timer are processes of their own (tests/gateway/flood_senders.py):
+    Senders and timer are processes of their own (tooling/flood.py):
     on this process's event loop the clients' work would be timed as the gateway's."""
     with tempfile.TemporaryDirectory() as scratch:
         paths = []
@@ -769,12 +779,12 @@ async def flood(gateway: str, seconds: float, bodies: Sequence[bytes]) -> Flood:
 
 async def _run_flood_tool(*args: str) -> bytes:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.gateway.flood_senders", *args,
+        sys.executable, "-m", "tooling.flood", *args,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, _ = await proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"flood_senders {args[0]} exited {proc.returncode}")
+        raise RuntimeError(f"tooling.flood {args[0]} exited {proc.returncode}")
     return out
 
 

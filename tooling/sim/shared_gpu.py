@@ -1,4 +1,4 @@
-"""Two engines on ONE GPU, step by step, in virtual time (a test helper, not a test).
+"""Two engines on ONE GPU, step by step, in virtual time.
 
 (simulate(gpus=2) gives each engine its own GPU, to compare.)
 
@@ -22,21 +22,17 @@ the same costs; `probes=` makes the probes see another acceptance than the
 traffic's truth, for a router that must learn it. `emulator=` runs another GPU
 (ROOFLINE_SPEC: the emulator's first, unmeasured one). Run it for a table:
 
-    .venv/bin/python tests/classifier/shared_gpu_sim.py
+    .venv/bin/python -m tooling.sim.shared_gpu
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from classifier import (
     BackendState,
