@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
-from tests.gateway.conftest import ClientFactory, RawUpstreams, make_config
+from tests.gateway.conftest import ClientFactory, RawUpstreams, ServerFactory, make_config
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.misbehaving_upstream import UNWRITABLE_IDS, UNWRITABLE_MEMBERS
 from tests.gateway.test_routing import chat
+from tooling.emulator import EmulatorConfig, create_emulator_app
 
 Client = TestClient[web.Request, web.Application]
 SPEC = {"x-specroute-route": "speculative"}
+CONTINUOUS_ONLY = {"continuous_usage_stats": True}  # and no include_usage
 
 
 async def test_stream_with_usage_requested_is_byte_identical(
@@ -105,3 +109,40 @@ async def test_a_stream_asks_for_usage_without_rewriting_the_body(
     assert events[-1] == b"data: [DONE]" and not any(b'"usage"' in e for e in events)
     (received,) = spec.received
     assert received.body == sent[:-1] + b',"stream_options":{"include_usage":true}}'
+
+
+def _events(raw: bytes) -> list[dict[str, Any]]:
+    out = []
+    for event in raw.split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            out.append(json.loads(event[6:]))
+    return out
+
+
+async def test_continuous_usage_without_include_usage_reaches_client_as_direct(
+    aiohttp_server: ServerFactory, aiohttp_client: ClientFactory, tokens: TokenCounter
+) -> None:
+    """vLLM sends usage per event only when include_usage is set too; through the
+    gateway (which adds include_usage for itself) the client must still get none."""
+    emulated = EmulatorConfig(mode="speculative", time_scale=0.02, seed=3)
+    server = await aiohttp_server(create_emulator_app(emulated))
+    url = str(server.make_url(""))
+    gateway = await aiohttp_client(create_app(make_config(url, url), tokens=tokens))
+    body = {
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": "Count to twenty."}],
+        "max_tokens": 24,
+        "stream": True,
+        "stream_options": CONTINUOUS_ONLY,
+    }
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/chat/completions", json=body) as resp,
+    ):
+        direct = _events(await resp.read())
+    through = _events(await (await gateway.post("/v1/chat/completions", json=body)).read())
+
+    assert direct and through
+    assert [e for e in direct if "usage" in e] == []
+    assert [e for e in through if "usage" in e] == []
+    assert [sorted(e) for e in through] == [sorted(e) for e in direct]
