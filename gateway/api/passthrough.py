@@ -217,12 +217,14 @@ async def forward(
             with passthrough_call(
                 tracing, request.method, upstream.url + request.path, route
             ) as call:
+                outgoing = headers.copy()
+                outgoing.update(call.headers)  # the client's trace headers, whatever their case
                 try:
                     upstream_response = await app[SESSION].request(
                         request.method,
                         url,
                         data=body or None,
-                        headers={**headers, **call.headers, **backend.headers},
+                        headers={**outgoing, **backend.headers},
                         timeout=timeout,
                         allow_redirects=False,
                     )

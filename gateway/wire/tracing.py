@@ -483,6 +483,9 @@ def _meter_attributes(span: Span, meter: Meter) -> None:
 
 def _url_attributes(method: str, url: str) -> dict[str, Any]:
     parts = urlsplit(url)
+    if parts.username or parts.password:  # HTTP's conventions: never the credentials
+        host = parts.hostname or ""
+        url = parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host).geturl()
     attributes: dict[str, Any] = {"http.request.method": method, "url.full": url}
     if parts.hostname:
         attributes["server.address"] = parts.hostname
