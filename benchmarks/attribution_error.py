@@ -12,7 +12,7 @@ its own drafted and accepted tokens: the truth per workload is their
 drafted-weighted rate (sum accepted / sum drafted, by the gateway's workload
 label). The gateway's counter attribution sees none of that: it works from
 vLLM's spec_decode counters and the requests' decoding times only, and its
-estimate is read from its /metrics (specroute_attributed_acceptance_rate, and
+estimate is read from its /metrics (specroute_attributed_acceptance_ratio, and
 specroute_attributed_draft_tokens: the drafted tokens it rests on once the
 other workloads' share is removed; no estimate until its standard error is
 under 0.03, about 1100 such tokens). Mixed
@@ -108,7 +108,7 @@ async def gateway_figures(session: aiohttp.ClientSession, url: str) -> Figures:
     figures = Figures({}, {}, defaultdict(float))
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == "specroute_attributed_acceptance_rate":
+            if s.name == "specroute_attributed_acceptance_ratio":
                 figures.rates[s.labels["workload"]] = s.value
             elif s.name == "specroute_attributed_draft_tokens":
                 figures.support[s.labels["workload"]] = s.value

@@ -1,17 +1,36 @@
 """Prometheus metrics (one registry per app) and structlog set-up.
 
-Labels are deliberately few and bounded: route, workload, reason, backend and
-status class. A label per user, model string or prompt would make every
-dashboard query slow and every Prometheus server unhappy.
+Labels are deliberately few and bounded: route, workload, reason and status
+class, and an endpoint's URL (as many as the config lists). A route is labelled
+`route` in every metric (`from_route`/`to_route` for a failover). A label per
+user, model string or prompt would make every dashboard query slow and every
+Prometheus server unhappy. A quantity from 0 to 1 is named `_ratio`.
+
+No counter or histogram exports a `_created` series (the registry leaves them
+out; see _Registry), and the registry carries the process, platform and GC
+collectors and `specroute_build_info`. `specroute_extproc_streams_total` is
+registered by `specroute ext-proc` only (ExtProcMetrics).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
+import platform
 import sys
+from collections.abc import Iterable
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.metrics_core import Metric
 
 from classifier.profile import EngineProfile
 
@@ -21,12 +40,54 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30)
 _TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
 
 
+_SERIES_WITH_CREATED = ("counter", "histogram", "summary", "gaugehistogram")
+
+
+class _Registry(CollectorRegistry):
+    """A registry whose counters and histograms export no `_created` series.
+
+    prometheus_client's own switch (disable_created_metrics(), or the variable
+    PROMETHEUS_DISABLE_CREATED_SERIES read at import) is process-wide: it would
+    also strip the emulated vLLM's `_created` series (tooling/emulator exports
+    them as vLLM does, and gateway/backends/scraper.py reads
+    vllm:spec_decode_num_draft_tokens_created to see a restart) wherever both run
+    in one process (`serve --emulate`, the tests). This registry leaves them out
+    of its own exposition only."""
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in super().collect():
+            if metric.type not in _SERIES_WITH_CREATED:
+                yield metric
+                continue
+            created = metric.name + "_created"
+            kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            kept.samples = [s for s in metric.samples if s.name != created]
+            yield kept
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("specroute")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
+
+
 class Metrics:
     """Every metric the gateway exports, bound to its own registry."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = _Registry(auto_describe=True)
         r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.build_info = Gauge(
+            "specroute_build_info",
+            "Always 1: the specroute version and the Python it runs on.",
+            ["version", "python"],
+            registry=r,
+        )
+        self.build_info.labels(_version(), platform.python_version()).set(1)
         self.requests = Counter(
             "specroute_requests",
             "Requests answered, by route, workload and status class.",
@@ -68,37 +129,51 @@ class Metrics:
         )
         self.inflight = Gauge(
             "specroute_inflight_requests",
-            "Requests the gateway is forwarding now, by backend.",
-            ["backend"],
+            "Requests the gateway is forwarding now, by route.",
+            ["route"],
             registry=r,
         )
         self.prefill_pending = Gauge(
             "specroute_prefill_pending_tokens",
-            "Prompt tokens of streams forwarded to a backend with no first token back yet.",
-            ["backend"],
+            "Prompt tokens of streams forwarded to a route with no first token back yet.",
+            ["route"],
             registry=r,
         )
         self.upstream_errors = Counter(
             "specroute_upstream_errors",
-            "Failures talking to a backend, by kind.",
-            ["backend", "kind"],
+            "Failures talking to a route's servers, by kind.",
+            ["route", "kind"],
             registry=r,
         )
         self.failovers = Counter(
             "specroute_failovers",
-            "Requests answered by the other backend than the one chosen, by from/to.",
-            ["from_backend", "to_backend"],
+            "Requests answered by the other route than the one chosen, by from/to.",
+            ["from_route", "to_route"],
             registry=r,
         )
         self.backend_up = Gauge(
             "specroute_backend_up",
-            "1 if the backend answered its last health probe.",
-            ["backend"],
+            "1 while any server of the route takes requests (specroute_endpoint_up per URL).",
+            ["route"],
+            registry=r,
+        )
+        self.endpoint_up = Gauge(
+            "specroute_endpoint_up",
+            "1 while the server at url takes requests: its last /health answered 200 and it "
+            "is not ejected; 0 while it is down, refused a connection or is ejected.",
+            ["route", "url"],
+            registry=r,
+        )
+        self.endpoint_ejections = Counter(
+            "specroute_endpoint_ejections",
+            "Times the server at url was taken out of rotation for failing requests in a row "
+            "(upstream.eject_after_failures) for upstream.eject_s.",
+            ["route", "url"],
             registry=r,
         )
 
         self.acceptance = Histogram(
-            "specroute_spec_acceptance_rate",
+            "specroute_spec_acceptance_ratio",
             "Per-request accepted drafts per decode step / k on the speculative route, every "
             "step counted (a step yields 1 + k x this), by workload.",
             ["workload", "source"],
@@ -141,43 +216,46 @@ class Metrics:
             registry=r,
         )
         self.estimated_acceptance = Gauge(
-            "specroute_estimated_acceptance",
+            "specroute_estimated_acceptance_ratio",
             "The cost model's per-position draft acceptance estimate a, by workload.",
             ["workload"],
             registry=r,
         )
         self.backend_running = Gauge(
             "specroute_backend_running",
-            "Requests the backend reports running (vllm:num_requests_running); NaN if unknown.",
-            ["backend"],
+            "Requests the route's servers report running (vllm:num_requests_running); NaN if "
+            "unknown.",
+            ["route"],
             registry=r,
         )
         self.backend_waiting = Gauge(
             "specroute_backend_waiting",
-            "Requests the backend reports waiting (vllm:num_requests_waiting); NaN if unknown.",
-            ["backend"],
+            "Requests the route's servers report waiting (vllm:num_requests_waiting); NaN if "
+            "unknown.",
+            ["route"],
             registry=r,
         )
         self.backend_kv_usage = Gauge(
-            "specroute_backend_kv_cache_usage",
-            "Backend KV-cache usage 0..1 (vllm:kv_cache_usage_perc); NaN if unknown.",
-            ["backend"],
+            "specroute_backend_kv_cache_usage_ratio",
+            "KV-cache usage 0..1 of the route's fullest server (vllm:kv_cache_usage_perc); NaN "
+            "if unknown.",
+            ["route"],
             registry=r,
         )
         self.backend_acceptance = Gauge(
-            "specroute_backend_spec_acceptance_rate",
+            "specroute_backend_spec_acceptance_ratio",
             "Draft-token acceptance over the last scrape window with drafts (vLLM counters).",
-            ["backend"],
+            ["route"],
             registry=r,
         )
         self.backend_acceptance_length = Gauge(
             "specroute_backend_spec_mean_acceptance_length",
             "Tokens per verify step over the last scrape window with drafts (vLLM counters).",
-            ["backend"],
+            ["route"],
             registry=r,
         )
         self.attributed_acceptance = Gauge(
-            "specroute_attributed_acceptance_rate",
+            "specroute_attributed_acceptance_ratio",
             "Accepted/drafted tokens per workload, attributed from vLLM's spec_decode counters "
             "by decoding time; NaN until its standard error is below 0.03.",
             ["workload"],
@@ -194,7 +272,7 @@ class Metrics:
             "specroute_attribution_windows",
             "Scrape windows of the speculative counters, by outcome: attributed, or why not "
             "(reset, stale, foreign, unattributed, lost, no_drafts, invalid).",
-            ["backend", "outcome"],
+            ["route", "outcome"],
             registry=r,
         )
         self.acceptance_source = Gauge(
@@ -202,15 +280,6 @@ class Metrics:
             "1 for the acceptance source in use for speculative answers: per_request_metrics, "
             "counter_attribution, stream_steps or unknown (no speculative answer yet).",
             ["source"],
-            registry=r,
-        )
-        self.extproc_streams = Counter(
-            "specroute_extproc_streams",
-            "ext-proc only: Envoy's gRPC streams (one per request) that ended, by how: closed "
-            "(Envoy half-closed it when the request ended, the client's leaving included), "
-            "cancelled (Envoy reset it: a bootstrap without ext_proc_graceful_grpc_close, a "
-            "message_timeout, Envoy's remote-close timeout, Envoy gone).",
-            ["end"],
             registry=r,
         )
         # Shadow copies (gateway/shadow/runner.py): never in the user metrics above.
@@ -260,6 +329,25 @@ class Metrics:
                 self.profile_step.labels(route.name, f"{x:g}").set(y)
             for x, y in zip(route.ttft.xs, route.ttft.ys, strict=True):
                 self.profile_ttft.labels(route.name, f"{x:g}").set(y)
+
+
+class ExtProcMetrics:
+    """What only `specroute ext-proc` exports, added to its app's registry."""
+
+    ENDS = ("closed", "cancelled")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.streams = Counter(
+            "specroute_extproc_streams",
+            "Envoy's gRPC streams (one per request) that ended, by how: closed (Envoy "
+            "half-closed it when the request ended, the client's leaving included), "
+            "cancelled (Envoy reset it: a bootstrap without ext_proc_graceful_grpc_close, a "
+            "message_timeout, Envoy's remote-close timeout, Envoy gone).",
+            ["end"],
+            registry=registry,
+        )
+        for end in self.ENDS:
+            self.streams.labels(end)
 
 
 def configure_logging(level: str = "info", *, json: bool = True) -> None:

@@ -118,8 +118,9 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "stat",
                 "short",
                 4,
-                [q("min by (backend) (specroute_backend_up)", "{{backend}}")],
-                "1 when every gateway replica's last health probe of the backend succeeded.",
+                [q("min by (route) (specroute_backend_up)", "{{route}}")],
+                "1 while at least one server of the route takes requests, on every gateway "
+                'replica (per server: the panel "Servers in rotation").',
             ),
             (
                 "Draft acceptance",
@@ -354,7 +355,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "timeseries",
                 "short",
                 6,
-                [q("sum by (backend) (specroute_inflight_requests)", "{{backend}}")],
+                [q("sum by (route) (specroute_inflight_requests)", "{{route}}")],
                 "Requests the gateway is forwarding now, all replicas.",
             ),
             (
@@ -420,9 +421,9 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 8,
                 [
                     q(
-                        "sum by (workload, source) (rate(specroute_spec_acceptance_rate_sum"
+                        "sum by (workload, source) (rate(specroute_spec_acceptance_ratio_sum"
                         f"{{{WL}}}[{RI}])) / sum by (workload, source) "
-                        f"(rate(specroute_spec_acceptance_rate_count{{{WL}}}[{RI}]))",
+                        f"(rate(specroute_spec_acceptance_ratio_count{{{WL}}}[{RI}]))",
                         "{{workload}} ({{source}})",
                     )
                 ],
@@ -435,7 +436,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "timeseries",
                 "percentunit",
                 8,
-                [q(f"avg by (workload) (specroute_estimated_acceptance{{{WL}}})", "{{workload}}")],
+                [
+                    q(
+                        f"avg by (workload) (specroute_estimated_acceptance_ratio{{{WL}}})",
+                        "{{workload}}",
+                    )
+                ],
                 "The cost model's per-position acceptance estimate per workload, what it "
                 "routes on (a, not accepted/proposed: a=0.8 with k=4 is about 0.59 of drafts).",
             ),
@@ -460,8 +466,8 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "short",
                 8,
                 [
-                    q("max by (backend) (specroute_backend_running)", "{{backend}} running"),
-                    q("max by (backend) (specroute_backend_waiting)", "{{backend}} waiting"),
+                    q("max by (route) (specroute_backend_running)", "{{route}} running"),
+                    q("max by (route) (specroute_backend_waiting)", "{{route}} waiting"),
                 ],
                 "vLLM's running/waiting as scraped by the gateway (what the router decides "
                 "on), next to Prometheus's own scrape in the Backends row.",
@@ -472,10 +478,10 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "percentunit",
                 8,
                 [
-                    q("max by (backend) (specroute_backend_kv_cache_usage)", "{{backend}} KV"),
+                    q("max by (route) (specroute_backend_kv_cache_usage_ratio)", "{{route}} KV"),
                     q(
-                        "max by (backend) (specroute_backend_spec_acceptance_rate)",
-                        "{{backend}} acceptance",
+                        "max by (route) (specroute_backend_spec_acceptance_ratio)",
+                        "{{route}} acceptance",
                     ),
                 ],
                 "KV-cache usage and acceptance from the counter deltas the gateway scrapes.",
@@ -487,7 +493,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 8,
                 [
                     q(
-                        f"avg by (workload) (specroute_attributed_acceptance_rate{{{WL}}})",
+                        f"avg by (workload) (specroute_attributed_acceptance_ratio{{{WL}}})",
                         "{{workload}}",
                     )
                 ],
@@ -526,9 +532,8 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 8,
                 [
                     q(
-                        "sum by (from_backend, to_backend) "
-                        f"(rate(specroute_failovers_total[{RI}]))",
-                        "{{from_backend}} -> {{to_backend}}",
+                        f"sum by (from_route, to_route) (rate(specroute_failovers_total[{RI}]))",
+                        "{{from_route}} -> {{to_route}}",
                     )
                 ],
                 "Requests answered by the other backend than the one chosen (refused, 5xx "
@@ -600,8 +605,8 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 8,
                 [
                     q(
-                        f"sum by (backend, kind) (rate(specroute_upstream_errors_total[{RI}]))",
-                        "{{backend}} {{kind}}",
+                        f"sum by (route, kind) (rate(specroute_upstream_errors_total[{RI}]))",
+                        "{{route}} {{kind}}",
                     )
                 ],
                 "Failures talking to a backend per second, by kind.",
@@ -613,6 +618,28 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 8,
                 [q('up{job=~"specroute-gateway|vllm"}', "{{job}} {{instance}}")],
                 "Prometheus's own view of the gateway replicas and vLLM servers.",
+            ),
+            (
+                "Servers in rotation",
+                "timeseries",
+                "short",
+                12,
+                [q("min by (route, url) (specroute_endpoint_up)", "{{route}} {{url}}")],
+                "1 while every gateway replica sends requests to the server at url: its "
+                "/health answers and it is not ejected. 0: down, refusing, or ejected.",
+            ),
+            (
+                "Ejections",
+                "timeseries",
+                "short",
+                12,
+                [
+                    q(
+                        f"sum by (route, url) (increase(specroute_endpoint_ejections_total[{RI}]))",
+                        "{{route}} {{url}}",
+                    )
+                ],
+                "Servers taken out of rotation for failing requests in a row, all replicas.",
             ),
         ],
     ),

@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import structlog
@@ -159,6 +160,17 @@ class Pair:
         )
 
 
+def url_label(url: str) -> str:
+    """A server's URL as its metric label and log field: without credentials, if any."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def endpoints_state(upstreams: Sequence[Upstream], max_age_s: float) -> BackendState:
     """The router's view of some endpoints of one route, as if they were one server;
     scraped figures older than max_age_s are unknown."""
@@ -247,6 +259,9 @@ class BackendPool:
             metrics.prefill_pending.labels(route.value).set_function(backend.prefill_tokens)
             metrics.inflight.labels(route.value).set(0)
             metrics.backend_up.labels(route.value).set(1)
+            for upstream in backend.upstreams:
+                metrics.endpoint_up.labels(route.value, url_label(upstream.url)).set(1)
+                metrics.endpoint_ejections.labels(route.value, url_label(upstream.url))
         for (
             pair
         ) in self.pairs:  # set by learning (gateway/outcomes/learning.py); NaN: not known yet
@@ -366,10 +381,13 @@ class BackendPool:
         ):
             upstream.healthy = False
             upstream.ejected_until = time.monotonic() + self._eject_s
-            self._metrics.backend_up.labels(backend.route.value).set(int(backend.healthy))
+            url = url_label(upstream.url)
+            self._metrics.endpoint_ejections.labels(backend.route.value, url).inc()
+            self._export_up()
             log.warning(
                 "backend_ejected",
-                backend=backend.route.value,
+                route=backend.route.value,
+                url=url,
                 failures=upstream.consecutive_failures,
                 eject_s=self._eject_s,
             )
@@ -384,18 +402,26 @@ class BackendPool:
         that still answer /health come back at once (an ejection is a guess, a
         refusal a fact)."""
         self._metrics.upstream_errors.labels(backend.route.value, kind).inc()
+        if upstream.healthy:
+            log.warning("backend_refused", route=backend.route.value, url=url_label(upstream.url))
         upstream.healthy = upstream.reachable = False
         if self._healthy_count() == 0:
             for other in self:
                 for u in other.upstreams:
                     if u.reachable and not u.healthy:
                         u.healthy, u.ejected_until, u.consecutive_failures = True, 0.0, 0
-                        log.warning("backend_readmitted", backend=other.route.value)
+                        log.warning(
+                            "backend_readmitted", route=other.route.value, url=url_label(u.url)
+                        )
         self._export_up()
 
     def _export_up(self) -> None:
+        m = self._metrics
         for backend in self:
-            self._metrics.backend_up.labels(backend.route.value).set(int(backend.healthy))
+            route = backend.route.value
+            m.backend_up.labels(route).set(int(backend.healthy))
+            for u in backend.upstreams:
+                m.endpoint_up.labels(route, url_label(u.url)).set(int(u.healthy))
 
     def _healthy_count(self) -> int:
         return sum(u.healthy for b in self for u in b.upstreams)
@@ -430,7 +456,12 @@ class BackendPool:
             # and an endpoint readmitted after its ejection is on probation: its next
             # failure ejects it again, its next success clears them (report_success).
             if ok != upstream.healthy:
-                log.info("backend_health_changed", backend=backend.route.value, healthy=ok)
+                log.info(
+                    "backend_health_changed",
+                    route=backend.route.value,
+                    url=url_label(upstream.url),
+                    healthy=ok,
+                )
             upstream.healthy = ok
         self._export_up()
         self.probed = True

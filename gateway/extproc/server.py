@@ -37,6 +37,7 @@ from gateway.config import Config
 from gateway.extproc.pb import ext_proc_subset_pb2 as pb
 from gateway.extproc.stream import Mode, PickerStream
 from gateway.state import BACKENDS, METRICS, RUNTIME
+from gateway.telemetry import ExtProcMetrics
 
 log = structlog.get_logger("specroute.extproc")
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -47,10 +48,12 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class Picker:
-    """The ExternalProcessor service: one PickerStream per gRPC stream (per request)."""
+    """The ExternalProcessor service: one PickerStream per gRPC stream (per request).
+    Its stream counter joins the app's registry here: `serve` never exports it."""
 
     def __init__(self, app: web.Application, mode: Mode) -> None:
         self.app, self.mode = app, mode
+        self.metrics = ExtProcMetrics(app[METRICS].registry)
         self.streams = 0  # open now: each holds its request's in-flight count
         self.idle = asyncio.Event()  # set while no stream is open
         self.idle.set()
@@ -70,7 +73,7 @@ class Picker:
                     yield reply
             end = "closed"
         finally:  # a reset stream (client gone) ends here too, cancelled
-            self.app[METRICS].extproc_streams.labels(end).inc()
+            self.metrics.streams.labels(end).inc()
             self.streams -= 1
             if not self.streams:
                 self.idle.set()

@@ -36,17 +36,20 @@ GATEWAY_METRICS = {
     "specroute_prefill_pending_tokens": "gauge",
     "specroute_upstream_errors": "counter",
     "specroute_backend_up": "gauge",
+    "specroute_endpoint_up": "gauge",
+    "specroute_endpoint_ejections": "counter",
+    "specroute_build_info": "gauge",
     "specroute_failovers": "counter",
-    "specroute_spec_acceptance_rate": "histogram",
-    "specroute_estimated_acceptance": "gauge",
+    "specroute_spec_acceptance_ratio": "histogram",
+    "specroute_estimated_acceptance_ratio": "gauge",
     "specroute_gpu_shared": "gauge",
     "specroute_latency_prediction_ratio": "histogram",
     "specroute_backend_running": "gauge",
     "specroute_backend_waiting": "gauge",
-    "specroute_backend_kv_cache_usage": "gauge",
-    "specroute_backend_spec_acceptance_rate": "gauge",
+    "specroute_backend_kv_cache_usage_ratio": "gauge",
+    "specroute_backend_spec_acceptance_ratio": "gauge",
     "specroute_backend_spec_mean_acceptance_length": "gauge",
-    "specroute_attributed_acceptance_rate": "gauge",
+    "specroute_attributed_acceptance_ratio": "gauge",
     "specroute_attributed_draft_tokens": "gauge",
     "specroute_attribution_windows": "counter",
     "specroute_acceptance_source": "gauge",
@@ -135,6 +138,44 @@ def metric_names(expr: str) -> set[str]:
 
     promql_parser.walk(promql_parser.parse(expr), visit)
     return found
+
+
+def _names_under(node: Any) -> set[str]:
+    found: set[str] = set()
+
+    def visit(n: Any) -> bool:
+        if isinstance(n, promql_parser.VectorSelector) and n.name:
+            found.add(n.name)
+        return True
+
+    promql_parser.walk(node, visit)
+    return found
+
+
+def label_uses(expr: str) -> list[tuple[str, frozenset[str]]]:
+    """(label, the metric names it applies to) for every label an expression names:
+    a selector's matchers, an aggregation's by/without, a binary operator's on/ignoring
+    and group_left/right."""
+    uses: list[tuple[str, frozenset[str]]] = []
+
+    def visit(node: Any) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            for m in node.matchers.matchers:
+                if m.name != "__name__" and node.name:
+                    uses.append((m.name, frozenset({node.name})))
+        elif isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            under = frozenset(_names_under(node.expr))
+            uses.extend((label, under) for label in node.modifier.labels)
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            under = frozenset(_names_under(node.lhs) | _names_under(node.rhs))
+            matching = node.modifier.matching
+            labels = [*(matching.labels if matching is not None else [])]
+            labels += list(node.modifier.group_labels or [])
+            uses.extend((label, under) for label in labels)
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return uses
 
 
 def rule_expressions() -> Iterator[tuple[str, str]]:

@@ -77,10 +77,10 @@ def test_the_panels_the_issue_lists() -> None:
         assert name in exprs
     # The router: per-request acceptance by workload, its estimate, prediction error.
     for name in (
-        "specroute_spec_acceptance_rate_sum",
-        "specroute_estimated_acceptance",
+        "specroute_spec_acceptance_ratio_sum",
+        "specroute_estimated_acceptance_ratio",
         "specroute_latency_prediction_ratio_bucket",
-        "specroute_backend_kv_cache_usage",
+        "specroute_backend_kv_cache_usage_ratio",
         "specroute_failovers_total",
     ):
         assert name in exprs

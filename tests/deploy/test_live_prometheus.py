@@ -240,7 +240,7 @@ async def _rules_evaluated(session: aiohttp.ClientSession, prom: str) -> list[di
     async with session.get(f"{prom}/api/v1/rules") as resp:
         payload = await resp.json()
     rules = [r for g in payload["data"]["groups"] for r in g["rules"]]
-    assert len(rules) == 10
+    assert len(rules) == 12
     for r in rules:
         assert r["health"] == "ok", r
         assert not r["lastEvaluation"].startswith("0001"), r["name"]

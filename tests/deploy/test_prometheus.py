@@ -1,8 +1,10 @@
 """deploy/prometheus: promtool checks the scrape configs and the alert rules,
-and runs the rules' unit tests (deploy/prometheus/tests/)."""
+and runs the rules' unit tests (deploy/prometheus/tests/); every alert has a
+runbook_url whose section exists in docs/runbook.md."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ def test_check_rules(promtool: str) -> None:
     assert rules
     res = run([promtool, "check", "rules", *map(str, rules)])
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 10 rules found" in res.stdout
+    assert "SUCCESS: 12 rules found" in res.stdout
 
 
 def test_rule_unit_tests(promtool: str) -> None:
@@ -80,3 +82,34 @@ def test_check_config_kubernetes(promtool: str, tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(config))
     res = run([promtool, "check", "config", str(path)])
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+RUNBOOK = DEPLOY.parent / "docs" / "runbook.md"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (lower case, spaces to -)."""
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#{1,6} (.+)$", markdown, flags=re.M)
+    }
+
+
+def test_every_alert_has_its_runbook_section() -> None:
+    anchors = _anchors(RUNBOOK.read_text())
+    alerts = [
+        r
+        for path in (PROM / "rules").glob("*.yml")
+        for g in yaml.safe_load(path.read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    ]
+    assert len(alerts) == 12
+    for rule in alerts:
+        url = rule["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == "docs/runbook.md", url
+        assert anchor == rule["alert"].lower() and anchor in anchors, url
+    # Every section is an alert's: no runbook for an alert that no longer exists.
+    sections = re.findall(r"^## (\w+)$", RUNBOOK.read_text(), flags=re.M)
+    assert sorted(sections) == sorted(r["alert"] for r in alerts)

@@ -2,7 +2,9 @@
 metrics that exist: the gateway's and vLLM's current ones (not deprecated
 vLLM names, not gateway metrics that are still to come). Checked against the
 issue's list, a real scrape of the gateway, a scrape of the emulator, and the
-scrapes of a real vLLM 0.32 CPU pair saved in deploy/cpu/fixtures/."""
+scrapes of a real vLLM 0.32 CPU pair saved in deploy/cpu/fixtures/. Every label
+an expression names on the gateway's metrics (matchers, by/without, on/group_left)
+is one of those metrics' labels (a route is `route` everywhere)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from prometheus_client.metrics import MetricWrapperBase
 
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.telemetry import Metrics
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.promql_names import (
     ALLOWED,
@@ -22,8 +26,10 @@ from tests.deploy.promql_names import (
     VLLM_METRICS,
     all_expressions,
     exposed_names,
+    label_uses,
     metric_names,
     names_of,
+    sample_names,
 )
 from tooling.emulator import EmulatorConfig, create_emulator_app
 
@@ -115,3 +121,56 @@ def test_the_checker_rejects_unknown_and_deprecated_names() -> None:
         assert old not in ALLOWED
     with pytest.raises(ValueError):
         metric_names("sum(rate(x[5m])")
+
+
+# Labels Prometheus adds to every series of a target (the scrape configs' relabelling).
+TARGET_LABELS = {"job", "instance", "pod", "namespace"}
+
+
+def gateway_labels() -> dict[str, set[str]]:
+    """Series name -> its label names, for every metric the gateway defines."""
+    out: dict[str, set[str]] = {}
+    for metric in vars(Metrics()).values():
+        if isinstance(metric, MetricWrapperBase):
+            for name in sample_names(metric._name, metric._type):
+                out[name] = set(metric._labelnames) | (
+                    {"le"} if name.endswith("_bucket") else set()
+                )
+    return out
+
+
+LABELS = gateway_labels()
+
+
+def unknown_labels(expr: str) -> list[tuple[str, list[str]]]:
+    """(label, metrics) where an expression names a label that none of the gateway
+    metrics it applies to has (vLLM's metrics and mixed expressions are not judged)."""
+    wrong = []
+    for label, names in label_uses(expr):
+        if not names or not all(n in LABELS for n in names) or label in TARGET_LABELS:
+            continue
+        if not any(label in LABELS[n] for n in names):
+            wrong.append((label, sorted(names)))
+    return wrong
+
+
+@pytest.mark.parametrize(("where", "expr"), EXPRESSIONS, ids=[w for w, _ in EXPRESSIONS])
+def test_expression_names_only_labels_the_gateway_exports(where: str, expr: str) -> None:
+    assert not unknown_labels(expr), f"{where}: {unknown_labels(expr)} in {expr!r}"
+
+
+def test_the_label_check_judges() -> None:
+    assert "specroute_upstream_errors_total" in LABELS
+    assert unknown_labels("sum by (backend) (specroute_inflight_requests)") == [
+        ("backend", ["specroute_inflight_requests"])
+    ]
+    assert unknown_labels('specroute_backend_up{backend="baseline"} == 0')
+    assert unknown_labels("a / on (backend) specroute_endpoint_up") == []  # mixed: not judged
+    assert not unknown_labels("sum by (route, url) (specroute_endpoint_up)")
+    assert not unknown_labels(
+        "sum by (route, le) (rate(specroute_request_duration_seconds_bucket[5m]))"
+    )
+    # Every label the rules' annotations print ($labels.X) is one the expression keeps.
+    used = {label for _, expr in EXPRESSIONS for label, _ in label_uses(expr)}
+    assert {"route", "url", "kind", "workload"} <= used
+    assert not {n for n, labels in LABELS.items() if "backend" in labels}

@@ -89,12 +89,12 @@ async def test_one_request_in_flight_is_exact_and_feeds_later_answers(
     await attribute_one_window(gateway, spec_upstream, 4000, 3000, chat("hi"))
 
     m = samples(await (await gateway.get("/metrics")).text())
-    assert m[("specroute_attributed_acceptance_rate", (("workload", "chat"),))] == 0.75
+    assert m[("specroute_attributed_acceptance_ratio", (("workload", "chat"),))] == 0.75
     assert m[("specroute_attributed_draft_tokens", (("workload", "chat"),))] == pytest.approx(
         4000, rel=0.03
     )
-    assert math.isnan(m[("specroute_attributed_acceptance_rate", (("workload", "code"),))])
-    outcome = (("backend", "speculative"), ("outcome", "attributed"))
+    assert math.isnan(m[("specroute_attributed_acceptance_ratio", (("workload", "code"),))])
+    outcome = (("outcome", "attributed"), ("route", "speculative"))
     assert m[("specroute_attribution_windows_total", outcome)] == 1
 
     # The next answers without per-request metrics take the workload's attributed
@@ -112,7 +112,7 @@ async def test_one_request_in_flight_is_exact_and_feeds_later_answers(
     ]
     m = samples(await (await gateway.get("/metrics")).text())
     key = (("source", COUNTER_ATTRIBUTION), ("workload", "chat"))
-    assert m[("specroute_spec_acceptance_rate_count", key)] >= 2
+    assert m[("specroute_spec_acceptance_ratio_count", key)] >= 2
     assert m[("specroute_acceptance_source", (("source", COUNTER_ATTRIBUTION),))] == 1
     assert m[("specroute_acceptance_source", (("source", UNKNOWN),))] == 0
     # The router learned from it: chat's acceptance left its neutral prior (0.5), upwards.
@@ -195,13 +195,13 @@ async def test_counter_resets_are_detected_not_read_as_negative_acceptance(
         m[
             (
                 "specroute_attribution_windows_total",
-                (("backend", "speculative"), ("outcome", "reset")),
+                (("outcome", "reset"), ("route", "speculative")),
             )
         ]
         == 2
     )
-    assert m[("specroute_attributed_acceptance_rate", (("workload", "chat"),))] == 0.75
-    assert m[("specroute_backend_spec_acceptance_rate", (("backend", "speculative"),))] == 0.75
+    assert m[("specroute_attributed_acceptance_ratio", (("workload", "chat"),))] == 0.75
+    assert m[("specroute_backend_spec_acceptance_ratio", (("route", "speculative"),))] == 0.75
 
 
 @dataclass
@@ -244,8 +244,7 @@ async def test_a_failed_or_hanging_scrape_blocks_no_request_and_teaches_nothing(
     assert pool.sources.attributed_rate(Workload.CHAT) is None
     m = samples(await (await gateway.get("/metrics")).text())
     assert (
-        m[("specroute_upstream_errors_total", (("backend", "speculative"), ("kind", "scrape")))]
-        == 1
+        m[("specroute_upstream_errors_total", (("kind", "scrape"), ("route", "speculative")))] == 1
     )
     assert not any(name == "specroute_attribution_windows_total" for name, _ in m)
 

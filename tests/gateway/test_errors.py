@@ -148,5 +148,5 @@ async def test_unreachable_backends_are_502(
     assert "unreachable" in error["message"]
     metrics = await (await client.get("/metrics")).text()
     # Down, not sick: speculative, baseline, then speculative again (it may have restarted).
-    assert 'specroute_upstream_errors_total{backend="speculative",kind="connect"} 2.0' in metrics
-    assert 'specroute_upstream_errors_total{backend="baseline",kind="connect"} 1.0' in metrics
+    assert 'specroute_upstream_errors_total{kind="connect",route="speculative"} 2.0' in metrics
+    assert 'specroute_upstream_errors_total{kind="connect",route="baseline"} 1.0' in metrics

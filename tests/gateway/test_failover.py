@@ -55,14 +55,13 @@ async def test_refused_connection_fails_over_to_the_other_backend(
         m[
             (
                 "specroute_failovers_total",
-                (("from_backend", "speculative"), ("to_backend", "baseline")),
+                (("from_route", "speculative"), ("to_route", "baseline")),
             )
         ]
         == 1
     )
     assert (
-        m[("specroute_upstream_errors_total", (("backend", "speculative"), ("kind", "connect")))]
-        == 1
+        m[("specroute_upstream_errors_total", (("kind", "connect"), ("route", "speculative")))] == 1
     )
     assert (
         m[
@@ -151,7 +150,7 @@ async def test_passive_ejection_and_readmission(
         assert (await client.post("/v1/chat/completions", json=STRUCTURED)).status == 200
     assert not pool.live_state().speculative.healthy
     m = samples(await (await client.get("/metrics")).text())
-    assert m[("specroute_backend_up", (("backend", "speculative"),))] == 0
+    assert m[("specroute_backend_up", (("route", "speculative"),))] == 0
     resp = await client.post("/v1/chat/completions", json=STRUCTURED)
     assert resp.headers["x-specroute-reason"] == "unhealthy-fallback"
     assert (await (await client.get("/ready")).json())["backends"]["speculative"] is False
@@ -230,7 +229,7 @@ async def test_upstream_dying_mid_stream_ends_the_stream_with_an_error_event(
         m[
             (
                 "specroute_upstream_errors_total",
-                (("backend", "speculative"), ("kind", "upstream_broken")),
+                (("kind", "upstream_broken"), ("route", "speculative")),
             )
         ]
         == 1
@@ -260,7 +259,7 @@ async def test_an_error_event_from_vllm_mid_stream_is_a_failed_request(
     assert events[4] == b"data: [DONE]"
     assert not base_upstream.received  # bytes were sent: no retry
     m = samples(await (await gateway.get("/metrics")).text())
-    kind = (("backend", "speculative"), ("kind", "upstream_error_event"))
+    kind = (("kind", "upstream_error_event"), ("route", "speculative"))
     assert m[("specroute_upstream_errors_total", kind)] == 1
     status = (("route", "speculative"), ("status", "stream_error"), ("workload", "chat"))
     assert m[("specroute_requests_total", status)] == 1

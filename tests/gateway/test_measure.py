@@ -94,7 +94,10 @@ async def test_stream_steps_fallback_counts_token_events(
     assert line["acceptance_source"] == STREAM_STEPS
     assert line["acceptance"] == 0.0 and line["acceptance_length"] == 1.0
     m = samples(await (await gateway.get("/metrics")).text())
-    key = ("specroute_spec_acceptance_rate_count", (("source", STREAM_STEPS), ("workload", "chat")))
+    key = (
+        "specroute_spec_acceptance_ratio_count",
+        (("source", STREAM_STEPS), ("workload", "chat")),
+    )
     assert m[key] == 1
 
 

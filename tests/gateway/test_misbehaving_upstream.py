@@ -50,10 +50,10 @@ async def gateway(
 
 
 async def counters(gateway: Client) -> dict[str, Any]:
-    """upstream_errors_total by (backend, kind) and requests_total by (route, status)."""
+    """upstream_errors_total by (route, kind) and requests_total by (route, status)."""
     m = samples(await (await gateway.get("/metrics")).text())
     errors = {
-        (dict(k)["backend"], dict(k)["kind"]): v
+        (dict(k)["route"], dict(k)["kind"]): v
         for (name, k), v in m.items()
         if name == "specroute_upstream_errors_total" and v
     }

@@ -56,7 +56,7 @@ async def test_metrics_carry_route_workload_reason_and_status(gateway: Client) -
     # the non-streamed request has no TTFT
     base = (("route", "baseline"), ("workload", "creative"))
     assert ("specroute_time_to_first_token_seconds_count", base) not in m
-    assert m[("specroute_inflight_requests", (("backend", "speculative"),))] == 0
+    assert m[("specroute_inflight_requests", (("route", "speculative"),))] == 0
 
 
 async def test_one_log_line_per_request_without_prompt_text(gateway: Client) -> None:
@@ -116,7 +116,7 @@ async def test_ready_follows_backend_health(
     body = await wait_until(lambda: ready_is(503), "/ready 503 with both down")
     assert body["error"]["code"] == "not_ready"
     m = samples(await (await gateway.get("/metrics")).text())
-    assert m[("specroute_backend_up", (("backend", "baseline"),))] == 0
+    assert m[("specroute_backend_up", (("route", "baseline"),))] == 0
 
 
 async def test_models_is_the_union_of_both_backends(

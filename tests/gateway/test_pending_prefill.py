@@ -59,8 +59,8 @@ async def test_counted_until_the_first_token(
     pending = baseline(gateway).prefill_tokens
     assert 150 < pending < 300  # the prompt's token count, as the gateway counts it
     metrics = await (await gateway.get("/metrics")).text()
-    assert f'specroute_prefill_pending_tokens{{backend="baseline"}} {pending}.0' in metrics
-    assert 'specroute_prefill_pending_tokens{backend="speculative"} 0.0' in metrics
+    assert f'specroute_prefill_pending_tokens{{route="baseline"}} {pending}.0' in metrics
+    assert 'specroute_prefill_pending_tokens{route="speculative"} 0.0' in metrics
     await close_and_check_released(gateway, resp)  # no token ever: released at the end
 
 

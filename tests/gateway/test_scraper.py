@@ -84,13 +84,13 @@ async def test_gateway_exports_scraped_state_and_feeds_the_router(
     assert state.baseline.running is None  # baseline fake has no /metrics: unknown, not 0
 
     m = samples(await (await gateway.get("/metrics")).text())
-    spec = (("backend", "speculative"),)
+    spec = (("route", "speculative"),)
     assert m[("specroute_backend_running", spec)] == 6
-    assert m[("specroute_backend_kv_cache_usage", spec)] == 0.6
-    assert m[("specroute_backend_spec_acceptance_rate", spec)] == 60 / 80
+    assert m[("specroute_backend_kv_cache_usage_ratio", spec)] == 0.6
+    assert m[("specroute_backend_spec_acceptance_ratio", spec)] == 60 / 80
     assert m[("specroute_backend_spec_mean_acceptance_length", spec)] == 1 + 60 / 20
-    assert math.isnan(m[("specroute_backend_running", (("backend", "baseline"),))])
-    errors = m[("specroute_upstream_errors_total", (("backend", "baseline"), ("kind", "scrape")))]
+    assert math.isnan(m[("specroute_backend_running", (("route", "baseline"),))])
+    errors = m[("specroute_upstream_errors_total", (("kind", "scrape"), ("route", "baseline")))]
     assert errors >= 2
 
 

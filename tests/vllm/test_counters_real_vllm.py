@@ -67,7 +67,7 @@ async def test_acceptance_is_attributed_from_the_counters(
             ready = await resp.json()
         async with http.get(f"{quiet_gateway}/metrics") as resp:
             ours = parse_metrics(await resp.text())
-        rate = ours.get("specroute_attributed_acceptance_rate", workload="code")
+        rate = ours.get("specroute_attributed_acceptance_ratio", workload="code")
         seen["windows by outcome"] = window_outcomes(ours)
         seen["code's drafted tokens"] = ours.get(
             "specroute_attributed_draft_tokens", workload="code"
