@@ -37,6 +37,7 @@ from gateway.state import (
     CONFIG,
     METRICS,
     OUTCOME_LOG,
+    PROFILE_PROGRESS,
     RECORDER,
     RELAYS,
     RNG,
@@ -44,6 +45,7 @@ from gateway.state import (
     SESSION,
     SHADOWS,
     TOKENS,
+    ProfileProgress,
 )
 from gateway.telemetry import Metrics
 from gateway.wire.limits import ByteRate
@@ -79,6 +81,7 @@ def create_app(
     app[BIG_BODY_RATE] = ByteRate(config.server.big_body_mb_s * 1e6)
     app[TOKENS] = tokens or load_tiktoken_counter(config.routing.tokenizer)
     app[SHADOWS] = ShadowRunner(config.shadow, app[BACKENDS], metrics, runtime)
+    app[PROFILE_PROGRESS] = ProfileProgress()
     app.cleanup_ctx.append(tracing_ctx)  # first: the last spans are sent after the rest ends
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_background_tasks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -18,6 +19,15 @@ from gateway.shadow.runner import ShadowRunner
 from gateway.telemetry import Metrics
 from gateway.wire.limits import ByteRate
 from gateway.wire.relays import Relays
+
+
+@dataclass(slots=True)
+class ProfileProgress:
+    """The running profile's latest stage ("step i of N: what"), for /stats and the
+    bench's wait; None when no profile is being measured."""
+
+    stage: str | None = None
+
 
 CONFIG = web.AppKey("config", Config)  # as at start: what resources were built from
 METRICS = web.AppKey("metrics", Metrics)
@@ -34,3 +44,4 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 OUTCOME_LOG = web.AppKey("outcome_log", OutcomeLog)  # only set when configured
 RECORDER = web.AppKey("recorder", Recorder)  # only set when [record] path is configured
 SHADOWS = web.AppKey("shadows", ShadowRunner)  # shadow copies in idle GPU time ([shadow])
+PROFILE_PROGRESS = web.AppKey("profile_progress", ProfileProgress)

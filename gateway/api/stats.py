@@ -28,7 +28,7 @@ from classifier.features import Workload
 from classifier.speculation import acceptance_rate
 from classifier.types import Policy, Route
 from gateway.shadow.results import PairTotals
-from gateway.state import BACKENDS, CONFIG, METRICS, RUNTIME, SHADOWS
+from gateway.state import BACKENDS, CONFIG, METRICS, PROFILE_PROGRESS, RUNTIME, SHADOWS
 from gateway.telemetry import Metrics
 
 NO_PAIRS = "no comparable shadow pair yet (a copy runs in idle GPU time only)"
@@ -68,18 +68,20 @@ async def stats(request: web.Request) -> web.Response:
                 for w in Workload
             },
             "speedup": _overall(pairs, enabled=app[CONFIG].shadow.enabled),
-            "profile": _profile(snapshot.policy),
+            "profile": _profile(snapshot.policy, app[PROFILE_PROGRESS].stage),
         }
     )
 
 
-def _profile(policy: Policy) -> dict[str, Any] | None:
-    """The engine profile and its drift (None for a policy that wants none)."""
+def _profile(policy: Policy, measuring: str | None) -> dict[str, Any] | None:
+    """The engine profile and its drift, and the stage of a profile being measured
+    (None for a policy that wants none)."""
     if not policy.wants_profile:
         return None
     profile = policy.profile
     return {
         "in_use": profile is not None,
+        "measuring": measuring,
         "drift": {r.value: round(v, 4) for r, v in policy.drift().items()},
         "contradicted": policy.profile_contradicted(),
         **({"profile": profile.to_json()} if profile is not None else {}),

@@ -31,7 +31,7 @@ from classifier.types import Policy, Route
 from gateway.config import Config
 from gateway.files import read_optional
 from gateway.profiling.probes import ProbeFailed, ProfileTarget, identify, measure_profile
-from gateway.state import BACKENDS, CONFIG, METRICS, RUNTIME, SESSION, TOKENS
+from gateway.state import BACKENDS, CONFIG, METRICS, PROFILE_PROGRESS, RUNTIME, SESSION, TOKENS
 
 log = structlog.get_logger("specroute.profile")
 
@@ -202,13 +202,15 @@ async def _measure(app: web.Application) -> bool:
                 config.backends.speculative.max_inflight, config.backends.baseline.max_inflight, 32
             ),
             budget_s=config.routing.profile_budget_s,
-            progress=lambda line: log.info("profile_progress", step=line),
+            progress=lambda line: _progress(app, line),
             # specroute's emulator says so in its version (0.32.0+emulated)
             source="emulated" if "emulated" in baseline.version else "measured",
         )
     except (ProbeFailed, ProfileError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
         log.warning("profile_failed", error=str(exc), after_s=round(time.monotonic() - started, 1))
         profile = None
+    finally:
+        app[PROFILE_PROGRESS].stage = None
     await pool.forget_own_load(app[SESSION], config.upstream.health_timeout_s)
     if profile is None:
         return False
@@ -219,6 +221,13 @@ async def _measure(app: web.Application) -> bool:
         except OSError as exc:
             log.warning("profile_not_saved", path=config.routing.profile_path, error=str(exc))
     return True
+
+
+def _progress(app: web.Application, line: str) -> None:
+    """A probe's line to the log; a stage's ("step i of N: ...") also to /stats."""
+    log.info("profile_progress", step=line)
+    if line.startswith("step "):
+        app[PROFILE_PROGRESS].stage = line
 
 
 def _apply(app: web.Application, profile: EngineProfile, how: str) -> None:

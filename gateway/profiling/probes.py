@@ -288,17 +288,30 @@ async def measure_profile(
     lengths = [n for n in (16, 256, 1024, 4096) if n * 2 < limit]
     ttft: dict[str, Curve] = {}
     step: dict[str, Curve] = {}
+    # The stages, for "step i of N": each route's first token, its step curve, its
+    # drafts' acceptance (speculative routes), its step beside the other's batch.
+    speculative = [t for t in targets if t.num_speculative_tokens > 0]
+    total, done = 3 * len(targets) + len(speculative), 0
+
+    def stage(what: str) -> None:
+        nonlocal done
+        done += 1
+        progress(f"step {done} of {total}: {what}")
+
     for t in targets:
+        stage(f"{t.name}: first token per prompt length")
         ttft[t.name] = await _ttft(probe, t, lengths, tokens)
     batches = [b for b in (1, 2, 4, 8, 16, 32) if b <= max(1, max_batch)]
     for t in targets:
+        stage(f"{t.name}: step per batch size")
         step[t.name] = await _step_curve(probe, t, batches, missing)
     accept: dict[str, dict[Workload, tuple[float, int]]] = {t.name: {} for t in targets}
-    for t in targets:
-        if t.num_speculative_tokens > 0:
-            accept[t.name] = await _acceptance(probe, t, tokens, missing, limit)
+    for t in speculative:
+        stage(f"{t.name}: draft acceptance per workload")
+        accept[t.name] = await _acceptance(probe, t, tokens, missing, limit)
     beside: dict[str, float] = {}
     for t in targets:
+        stage(f"{t.name}: step beside a busy neighbour")
         other = next((o for o in targets if o.name != t.name), None)
         beside[t.name] = 1.0 if other is None else await _beside(probe, t, other, step, missing)
     profile = EngineProfile(

@@ -5,6 +5,7 @@ reloaded on restart, re-measured when the file is bad."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -72,13 +73,20 @@ async def _stats(url: str) -> dict[str, Any]:
     return data
 
 
-async def _in_use(url: str, timeout_s: float = 60.0) -> dict[str, Any]:
+async def _in_use(
+    url: str, timeout_s: float = 60.0, stages: list[str] | None = None
+) -> dict[str, Any]:
+    """The profile once /stats says it is in; `stages` collects the "step i of N" it
+    showed while measuring."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = (await _stats(url))["profile"]
         if found["in_use"]:
+            assert found["measuring"] is None
             return dict(found["profile"])
-        await asyncio.sleep(0.1)
+        if stages is not None and found["measuring"] and found["measuring"] not in stages:
+            stages.append(found["measuring"])
+        await asyncio.sleep(0.05)
     raise AssertionError("no profile in use")
 
 
@@ -88,8 +96,15 @@ async def test_serve_profiles_at_start_saves_and_reloads_it(
     path = tmp_path / "profile.json"
     routing = {"profile_path": str(path)}
     async with local_stack(time_scale=SCALE, tokens=tokens, routing=routing) as stack:
-        first = await _in_use(stack.gateway)
+        stages: list[str] = []
+        first = await _in_use(stack.gateway, stages=stages)
         assert path.exists() and first["source"] == "emulated"
+        # While it measured, /stats said which stage: a pair is 7 (first token, step
+        # curve and beside for each route, acceptance for the speculative one).
+        steps = [re.match(r"step (\d+) of 7: \w+: ", s) for s in stages]
+        assert stages and all(steps), stages
+        numbers = [int(m.group(1)) for m in steps if m]
+        assert numbers == sorted(numbers) and numbers[-1] >= 5, stages
         # A restart over the same servers takes the file, without probing again.
         config = gateway_config(stack.speculative, stack.baseline, stack.emulator, routing=routing)
         runner, url = await serve_app(create_app(config, tokens=tokens))

@@ -172,6 +172,7 @@ async def wait_for_profile(
     began = time.monotonic()
     found: dict[str, Any] = {}
     said = False
+    stage = None
     async with session_factory() as session:
         while True:
             async with session.get(f"{gateway}/stats") as resp:
@@ -179,7 +180,7 @@ async def wait_for_profile(
             found = stats.get("profile") or {}
             if not found or found.get("in_use") or time.monotonic() > began + timeout_s:
                 break
-            if not said:  # the gateway's /stats tells no step count: the wait is said once
+            if not said:
                 print(
                     "profile: waiting for the gateway to measure both servers before the first "
                     f"timed request (at most {timeout_s:.0f} s)",
@@ -187,6 +188,9 @@ async def wait_for_profile(
                     flush=True,
                 )
                 said = True
+            if found.get("measuring") not in (None, stage):  # "step i of N: what"
+                stage = found["measuring"]
+                print(f"profile: {stage}", file=out, flush=True)
             await asyncio.sleep(0.2)
     if said:
         print(f"profile: waited {time.monotonic() - began:.1f} s", file=out, flush=True)
