@@ -92,8 +92,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
 
 
 def _new_sequence(state: EmulatorState, req: GenerationRequest, pinned: str | None) -> Sequence:
-    """Plan the answer (from the request alone) and draw its acceptance (sampled: also by
-    arrival)."""
+    """Plan the answer (from the request alone) and draw its acceptance (also by arrival)."""
     c = state.config
     text_rng = random.Random(f"{c.seed}|text|{req.digest}")
     kind = classify(structured=req.structured, prompt_text=req.prompt_text)
@@ -107,13 +106,7 @@ def _new_sequence(state: EmulatorState, req: GenerationRequest, pinned: str | No
         stop=req.stop,
         rng=text_rng,
     )
-    # A real engine accepts a greedy request's drafts alike every time it meets that
-    # request; a sampled one's vary from run to run (drawn anew at each arrival). By
-    # arrival for greedy requests too, one structured request took 15, 18, 17 and 21
-    # steps in four runs, and a gateway's copy of a request drew other acceptance than
-    # the direct run a per-request oracle takes (the demo's regret, docs/benchmarks.md).
-    run = "greedy" if req.temperature == 0 else next(state.arrivals)
-    accept_rng = random.Random(f"{c.seed}|accept|{run}|{req.digest}")
+    accept_rng = random.Random(f"{c.seed}|accept|{next(state.arrivals)}|{req.digest}")
     acceptance = request_acceptance(c, kind, req.temperature, accept_rng)
     if pinned is not None:
         try:
