@@ -79,7 +79,11 @@ from classifier.profile import EngineProfile  # noqa: E402
 from classifier.router import ProfiledPolicy  # noqa: E402
 from classifier.rules import StaticPolicy  # noqa: E402
 from classifier.tokens import TokenCounter, load_tiktoken_counter  # noqa: E402
-from classifier.types import Policy, Route  # noqa: E402
+from classifier.types import (  # noqa: E402
+    PAIR,
+    Policy,
+    Route,
+)
 from gateway.app import create_app  # noqa: E402
 from gateway.config import UpstreamConfig, parse_config  # noqa: E402
 from gateway.runtime import build_policy  # noqa: E402
@@ -414,7 +418,7 @@ async def run_http(
                 [base[i] for i in mine], [spec[i] for i in mine]
             )
         truth = true_acceptance(first, spec_cfg, counter)
-        learned = profiled.estimated_acceptance()
+        learned = profiled.estimated_acceptance()[Route.SPECULATIVE]
         out.acceptance = {w: (learned[w], a) for w, a in truth.items()}
 
         levels = Levels()
@@ -459,12 +463,12 @@ def run_virtual(s: Scenario, counts: Counts, counter: TokenCounter, out: Outcome
         return sim.mean_latency(sim.simulate(router, jobs, level, emulator=truth, gpus=s.gpus))
 
     first = workload(counts.first, 1)
-    alone = [sim.simulate(StaticPolicy(r), first, 1, emulator=truth, gpus=2) for r in Route]
+    alone = [sim.simulate(StaticPolicy(r), first, 1, emulator=truth, gpus=2) for r in PAIR]
     out.virtual_regret = run(policy, first, 1) / sim.oracle_latency(*alone)
     levels = out.virtual = Levels()
     for level, n in counts.measured.items():
         jobs = workload(n, level)
-        statics = {r.value: run(StaticPolicy(r), jobs, level) for r in Route}
+        statics = {r.value: run(StaticPolicy(r), jobs, level) for r in PAIR}
         run(policy, workload(counts.warmup[level], 100 + level), level)
         served = sim.simulate(policy, jobs, level, emulator=truth, gpus=s.gpus)
         routes = Counter(f"{x.route.value}/{x.reason}" for x in served)

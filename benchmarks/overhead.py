@@ -150,13 +150,13 @@ def decision_cost(samples: int) -> list[tuple[str, float, float]]:
     from classifier import Endpoint, ProfiledPolicy, RouterConfig, extract_features
     from classifier.router import prior_profile
     from classifier.tokens import load_tiktoken_counter
-    from classifier.types import BackendState, LiveState
+    from classifier.types import BackendState, LiveState, two_routes
 
     counter = load_tiktoken_counter()
-    profile = dataclasses.replace(prior_profile(4, 0.1), source="emulated")
-    policy = ProfiledPolicy(RouterConfig(), k=4, draft_cost_ratio=0.1, profile=profile)
+    profile = dataclasses.replace(prior_profile(two_routes(4, 0.1)), source="emulated")
+    policy = ProfiledPolicy(RouterConfig(), routes=two_routes(4, 0.1), profile=profile)
     rng = random.Random(0)
-    state = LiveState(BackendState(inflight=2), BackendState(inflight=1))
+    state = LiveState.pair(BackendState(inflight=2), BackendState(inflight=1))
     words = [
         "the",
         "quarterly",

@@ -126,7 +126,7 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
             # Its start-up profile first: no probe may overlap a timed request.
             await wait_for_profile(aiohttp.ClientSession, gateways["profiled"], sys.stdout)
             profiled.load_state(wrong_code_state(stack.emulator.num_speculative_tokens))
-            start = profiled.estimated_acceptance()[Workload.CODE]
+            start = profiled.estimated_acceptance()[Route.SPECULATIVE][Workload.CODE]
             print(
                 f"profiled gateway starts with code's acceptance a at {start:.3f} "
                 f"(truth {TRUTH['code']:.2f})\n"
@@ -163,7 +163,7 @@ async def main(smoke: bool, only: tuple[int, ...] = (), gpus: int = 1) -> int:
                     + f"{row['profiled'] / min(row[p] for p in POLICIES[2:]):>17.3f}",
                     flush=True,
                 )
-            estimates = profiled.estimated_acceptance()
+            estimates = profiled.estimated_acceptance()[Route.SPECULATIVE]
         finally:
             for runner in runners:
                 await runner.cleanup()

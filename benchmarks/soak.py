@@ -48,7 +48,7 @@ import structlog
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from classifier.types import Route  # noqa: E402
+from classifier.types import PAIR, Route  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.telemetry import configure_logging  # noqa: E402
 from tooling.chaos import (  # noqa: E402
@@ -131,7 +131,7 @@ async def soak(duration: float, concurrency: int, seed: int, rss_bound_mb: float
         route: EmulatedBackend(
             route, time_scale=TIME_SCALE, max_num_seqs=concurrency + 8, seed=seed
         )
-        for route in Route
+        for route in PAIR
     }
     for backend in backends.values():
         backend.start()

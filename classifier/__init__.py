@@ -25,10 +25,23 @@ from classifier.profile import EngineProfile, ProfileError
 from classifier.router import PROFILED_REASONS, ProfiledPolicy, RouterConfig
 from classifier.rules import RulesConfig, RulesPolicy, StaticPolicy
 from classifier.tokens import TokenCounter, TokenizerUnavailable, load_tiktoken_counter
-from classifier.types import BackendState, Decision, FinishedRequest, LiveState, Policy, Route
+from classifier.types import (
+    PAIR,
+    TWO_ROUTES,
+    BackendState,
+    Decision,
+    FinishedRequest,
+    LiveState,
+    Policy,
+    Route,
+    RouteSpec,
+    two_routes,
+)
 
 __all__ = [
+    "PAIR",
     "PROFILED_REASONS",
+    "TWO_ROUTES",
     "AcceptanceModel",
     "AcceptanceRecord",
     "BackendState",
@@ -45,6 +58,7 @@ __all__ = [
     "ProfiledPolicy",
     "RequestFeatures",
     "Route",
+    "RouteSpec",
     "RouterConfig",
     "RulesConfig",
     "RulesPolicy",
@@ -56,4 +70,5 @@ __all__ = [
     "fit_acceptance_model",
     "load_acceptance_model",
     "load_tiktoken_counter",
+    "two_routes",
 ]

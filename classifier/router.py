@@ -50,8 +50,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from classifier.acceptance_model import AcceptanceModel
@@ -61,7 +61,15 @@ from classifier.output_length import OutputLengthModel
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
 from classifier.speculation import acceptance_rate, alpha_from_rate
 from classifier.traffic import Traffic
-from classifier.types import BackendState, Decision, FinishedRequest, LiveState, Route
+from classifier.types import (
+    TWO_ROUTES,
+    BackendState,
+    Decision,
+    FinishedRequest,
+    LiveState,
+    Route,
+    RouteSpec,
+)
 
 __all__ = [
     "PROFILED_REASONS",
@@ -72,7 +80,6 @@ __all__ = [
     "prior_profile",
 ]
 
-SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
 PROFILED_REASONS = (
     "kv-pressure",
     "spec-busy",
@@ -83,7 +90,9 @@ PROFILED_REASONS = (
     "unprofiled",
     "unhealthy-fallback",
 )
-_FASTER = {SPEC: "spec-predicted-faster", BASE: "baseline-predicted-faster"}
+# The reason a cost decision names, by whether the cheaper route speculates (a label of
+# low cardinality whatever the number of routes; the route itself is another label).
+_FASTER = {True: "spec-predicted-faster", False: "baseline-predicted-faster"}
 # A speculative answer shorter than this many tokens per sequence measures its
 # acceptance coarsely (a few steps' worth) and counts proportionally less.
 _FULL_WEIGHT_TOKENS = 32.0
@@ -269,31 +278,29 @@ class _Prediction:
 # ---- the built-in prior, before any profile --------------------------------------------
 
 
-def prior_profile(k: int, draft_cost_ratio: float) -> EngineProfile:
+def prior_profile(routes: Sequence[RouteSpec] = TWO_ROUTES) -> EngineProfile:
     """What the router assumes before the profile is in, labelled "prior" so every
     decision made on it says "unprofiled": the talk's 8B target on the measured H200
-    (the _PRIOR_* figures), the speculative step x (1 + k*c), one shared GPU."""
+    (the _PRIOR_* figures), each speculative step x (1 + k*c), one shared GPU."""
     batches = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
     base_step = tuple(_PRIOR_STEP_S + _PRIOR_STEP_PER_SEQ_S * b for b in batches)
     longest = 4096.0
-    spec_factor = 1.0 + k * draft_cost_ratio
 
-    def route(name: str, spec: bool) -> RouteProfile:
+    def route(spec: RouteSpec) -> RouteProfile:
+        factor = 1.0 + spec.k * spec.draft_cost_ratio
         return RouteProfile(
-            name=name,
-            identity=ServerIdentity(
-                "", "", "unknown", "prior" if spec else "none", k if spec else 0
-            ),
+            name=spec.name.value,
+            identity=ServerIdentity("", "", "unknown", spec.method, spec.k),
             ttft=Curve(
                 (1.0, longest),
                 tuple(_PRIOR_TTFT_S + _PRIOR_TTFT_PER_TOKEN_S * n for n in (1.0, longest)),
             ),
-            step=Curve(batches, tuple(s * (spec_factor if spec else 1.0) for s in base_step)),
+            step=Curve(batches, tuple(s * factor for s in base_step)),
             beside=_PRIOR_BESIDE,
         )
 
     return EngineProfile(
-        routes=(route(SPEC.value, True), route(BASE.value, False)),
+        routes=tuple(route(spec) for spec in routes),
         created="",
         took_s=0.0,
         source="prior",
@@ -314,11 +321,11 @@ class ProfiledPolicy:
         "_errors",
         "_failures",
         "_guards",
-        "_k",
         "_model",
         "_outputs",
         "_prior",
         "_profile",
+        "_routes",
         "_traffic",
     )
 
@@ -326,21 +333,23 @@ class ProfiledPolicy:
         self,
         config: RouterConfig,
         *,
-        k: int,
-        draft_cost_ratio: float,
+        routes: Sequence[RouteSpec] = TWO_ROUTES,
         profile: EngineProfile | None = None,
         guards: GuardsConfig = DEFAULT_GUARDS,
         model: AcceptanceModel | None = None,
     ) -> None:
-        if k < 1:
-            raise ValueError(f"router: k must be >= 1, got {k}")
+        names = [r.name for r in routes]
+        if len(routes) < 2 or len(set(names)) != len(names):
+            raise ValueError(f"router: want two or more routes of distinct names, got {names}")
         self._config = config
         self._guards = guards
-        self._k = k
+        self._routes = {r.name: r for r in routes}
         self._model = model
-        self._prior = prior_profile(k, draft_cost_ratio)
+        self._prior = prior_profile(routes)
         self._profile: EngineProfile | None = None
-        self._beliefs: dict[tuple[Workload, int], AcceptanceBelief] = {}
+        # Per route, workload and temperature bucket (-1: the workload's): one route's
+        # acceptance is never another's (a different drafter or k accepts differently).
+        self._beliefs: dict[tuple[Route, Workload, int], AcceptanceBelief] = {}
         self._outputs = OutputLengthModel()
         self._traffic = Traffic(_TRAFFIC_MEMORY)
         self._drift = {r: _Drift() for r in _routes(self._prior)}
@@ -369,13 +378,15 @@ class ProfiledPolicy:
     def use_profile(self, profile: EngineProfile) -> None:
         """Take a new profile: its probes' acceptance becomes each workload's prior (what
         traffic has taught stays, on top), and the drift starts over against it."""
-        spec = profile.route(SPEC.value)
-        if spec is None or profile.route(BASE.value) is None:
-            raise ValueError("router: a profile needs a speculative and a baseline route")
-        self._profile = profile
-        for (workload, _), belief in self._beliefs.items():
-            self._set_prior(belief, workload)
-        self._drift = {r: _Drift() for r in _routes(profile)}
+        missing = [r.value for r in self._routes if profile.route(r.value) is None]
+        if missing:
+            raise ValueError(f"router: the profile does not measure route(s) {missing}")
+        # The configured routes only, in the configuration's order (a profile may
+        # measure a route the gateway no longer runs).
+        self._profile = replace(profile, routes=tuple(_route(profile, r) for r in self._routes))
+        for (route, workload, _), belief in self._beliefs.items():
+            self._set_prior(belief, route, workload)
+        self._drift = {r: _Drift() for r in _routes(self._profile)}
 
     def profile_contradicted(self) -> bool:
         """Live decode times have disagreed with the profile beyond the bound for
@@ -385,11 +396,12 @@ class ProfiledPolicy:
     def _active(self) -> EngineProfile:
         return self._profile or self._prior
 
-    def _set_prior(self, belief: AcceptanceBelief, workload: Workload) -> None:
-        spec = self._active().route(SPEC.value)
-        probe = spec.tokens_per_step.get(workload) if spec is not None else None
-        if probe is not None:
-            belief.prior_mean = min(1.0, max(0.0, (probe[0] - 1.0) / self._k))
+    def _set_prior(self, belief: AcceptanceBelief, route: Route, workload: Workload) -> None:
+        measured = _route(self._active(), route)
+        probe = measured.tokens_per_step.get(workload)
+        k = measured.identity.num_speculative_tokens
+        if probe is not None and k > 0:
+            belief.prior_mean = min(1.0, max(0.0, (probe[0] - 1.0) / k))
             belief.prior_n = self._config.probe_weight
         else:  # no probe of this kind: a neutral guess worth one request
             belief.prior_mean, belief.prior_n = _NEUTRAL_RATE, _NEUTRAL_WEIGHT
@@ -407,14 +419,23 @@ class ProfiledPolicy:
         """The route within `pair`; with `rng`, acceptance drawn from its posterior."""
         profile = self._active()
         routes = _routes(profile)
-        rho = self._rate(features)
-        predicted = {r: self._predict(profile, features, state, r, rho) for r in routes}
+        rho = {r: self._rate(r, features) for r in routes}
+        predicted = {r: self._predict(profile, features, state, r, rho[r]) for r in routes}
+        speculating = [r for r in routes if _route(profile, r).speculative]
         why: dict[str, Any] = {
             "profile": profile.source,
-            "acceptance": round(rho, 4),
-            "acceptance_sd": round(self._belief_for(features).sd, 4),
+            "acceptance": {r.value: round(rho[r], 4) for r in speculating},
+            "acceptance_sd": {
+                r.value: round(self._belief_for(r, features).sd, 4) for r in speculating
+            },
         }
-        guard = self._guards.reason(state.speculative, batch_priced=profile.source != "prior")
+        priced = profile.source != "prior"
+        guards = {
+            r: reason
+            for r in speculating
+            if (reason := self._guards.reason(state.of(r), batch_priced=priced)) is not None
+        }
+        allowed = [r for r in routes if r not in guards]
         shared = profile.shared_gpu
         # Busy: a request in flight, or traffic that shares a request's life more often
         # than not (1.5 or more in flight at its decisions, on average, itself included):
@@ -422,38 +443,51 @@ class ProfiledPolicy:
         busy = any(state.of(r).inflight > 0 for r in routes) or (
             self._traffic.expected_load() >= _BUSY_LOAD
         )
-        if guard is not None:
-            route, reason, rule = BASE, guard, "guard"
+        if guards and not any(r in allowed for r in speculating):
+            # Every speculative server spared: the cheapest server without speculation.
+            route = min(allowed, key=lambda r: predicted[r].cost_s)
+            reason, rule = next(iter(guards.values())), "guard"
         elif shared and busy:
-            route, rule, carry = self._carrier(profile, routes, features, state)
+            route, rule, carry = self._carrier(profile, routes, features, state, allowed)
             reason = "consolidate"
             why["carry_s_per_token"] = {r.value: round(v, 6) for r, v in carry.items()}
         else:
-            route = min(routes, key=lambda r: predicted[r].cost_s)
-            reason, rule = _FASTER[route], "smaller-cost"
-            if rng is not None and all(state.of(r).healthy for r in routes):
-                drawn = self._belief_for(features).sample(rng)
-                sampled = {r: self._predict(profile, features, state, r, drawn) for r in routes}
-                pick = min(routes, key=lambda r: sampled[r].cost_s)
+            route = min(allowed, key=lambda r: predicted[r].cost_s)
+            reason, rule = _FASTER[route in speculating], "smaller-cost"
+            if rng is not None and all(state.of(r).healthy for r in allowed):
+                drawn = {r: self._belief_for(r, features).sample(rng) for r in speculating}
+                sampled = {
+                    r: self._predict(profile, features, state, r, drawn.get(r, 0.0))
+                    for r in allowed
+                }
+                pick = min(allowed, key=lambda r: sampled[r].cost_s)
                 limit = (1.0 + self._config.explore_max_regret) * predicted[route].cost_s
-                why["acceptance_drawn"] = round(drawn, 4)
-                if pick is not route and predicted[pick].cost_s <= limit:
+                why["acceptance_drawn"] = {r.value: round(v, 4) for r, v in drawn.items()}
+                if pick != route and predicted[pick].cost_s <= limit:
                     route, reason, rule = pick, "explore", "thompson-draw"
-        healthy = [r for r in routes if state.of(r).healthy]
+        healthy = [r for r in allowed if state.of(r).healthy] or [
+            r for r in routes if state.of(r).healthy
+        ]
         if not state.of(route).healthy and healthy:
             route = min(healthy, key=lambda r: predicted[r].cost_s)
             reason, rule = "unhealthy-fallback", "unhealthy"
-        elif profile.source == "prior" and guard is None:
+        elif profile.source == "prior" and rule != "guard":
             reason = "unprofiled"
         why["rule"] = rule
+        if guards:
+            why["spared"] = {r.value: g for r, g in guards.items()}
         why["cost_s"] = {r.value: round(p.cost_s, 6) for r, p in predicted.items()}
-        why["tokens_per_step"] = round(predicted[SPEC].tokens_per_step, 3)
+        why["tokens_per_step"] = {
+            r.value: round(predicted[r].tokens_per_step, 3) for r in speculating
+        }
         return Decision(route, reason, {r: p.e2e_s for r, p in predicted.items()}, why)
 
     def predict(self, f: RequestFeatures, state: LiveState, pair: int = 0) -> dict[Route, float]:
         """Predicted seconds, send to last byte, on each route (the posterior mean)."""
-        profile, rho = self._active(), self._rate(f)
-        return {r: self._predict(profile, f, state, r, rho).e2e_s for r in _routes(profile)}
+        profile = self._active()
+        return {
+            r: self._predict(profile, f, state, r, self._rate(r, f)).e2e_s for r in _routes(profile)
+        }
 
     def _predict(
         self,
@@ -465,7 +499,7 @@ class ProfiledPolicy:
         output_tokens: float | None = None,
     ) -> _Prediction:
         here, me = state.of(route), _route(profile, route)
-        others = [(state.of(r), _route(profile, r)) for r in _routes(profile) if r is not route]
+        others = [(r, state.of(r), _route(profile, r)) for r in _routes(profile) if r != route]
         tau = self._tau(me, rho)
         n = max(f.n, 1)
         out = self._outputs.predict(f) if output_tokens is None else output_tokens
@@ -473,7 +507,7 @@ class ProfiledPolicy:
         batch = here.load
         drift = math.exp(self._drift[route].log_ratio)
         # Time-sliced: while a neighbour on the GPU is busy, each step takes its share.
-        busy = [(s, o) for s, o in others if s.load > 0]
+        busy = [(s, o) for _, s, o in others if s.load > 0]
         slowdown = me.slowdown(len(busy))
         step = me.step.at(batch + n) * drift * slowdown
         ttft = me.ttft.at(f.prompt_tokens + here.prefill_tokens)
@@ -504,8 +538,8 @@ class ProfiledPolicy:
         if fail > 0 and others:  # a failed answer costs its time, then one elsewhere
             retry = min(
                 o.ttft.at(f.prompt_tokens)
-                + max(out - 1, 0) / self._tau(o, rho) * o.step.at(s.load + n)
-                for s, o in others
+                + max(out - 1, 0) / self._tau(o, self._rate(r, f)) * o.step.at(s.load + n)
+                for r, s, o in others
             )
         return _Prediction(e2e, e2e + added + fail * retry, tau, steps, queue + ttft)
 
@@ -515,6 +549,7 @@ class ProfiledPolicy:
         routes: tuple[Route, ...],
         f: RequestFeatures,
         state: LiveState,
+        allowed: list[Route],
     ) -> tuple[Route, str, dict[Route, float]]:
         """One busy GPU: keep the batch where it is, unless the other server carries the
         batch of the next request life cheaper per token, by enough to pay for the move.
@@ -543,18 +578,22 @@ class ProfiledPolicy:
         for workload, share in likely.items():
             mix[workload] = mix.get(workload, 0.0) + coming * share
         carry = {r: self._carry(profile, r, mix, total, 0.0) for r in routes}
-        grown = _grown(state.speculative, total)
-        spared = self._guards.reason(grown, batch_priced=profile.source != "prior") is not None
-        allowed = [r for r in routes if not (spared and _route(profile, r).speculative)]
+        priced = profile.source != "prior"
+        allowed = [
+            r
+            for r in allowed
+            if not _route(profile, r).speculative
+            or self._guards.reason(_grown(state.of(r), total), batch_priced=priced) is None
+        ] or [r for r in routes if not _route(profile, r).speculative]
         if not any(state.of(r).inflight > 0 for r in routes):
-            return min(allowed or [BASE], key=lambda r: carry[r]), "carrier-cheapest", carry
+            return min(allowed, key=lambda r: carry[r]), "carrier-cheapest", carry
         # The holder is the server the newest request went to: while a moved batch
         # drains from the old server the new one holds it, even once its first
         # requests have ended, so a move is undone only when the mix changes past
         # the margin again (by in-flight majority instead, a 2-pair emulated run at
         # c=8 moved its batch 10-15 times in 90 requests: tests/gateway/test_pairs.py).
         holder = max(routes, key=lambda r: (state.of(r).last_start, state.of(r).inflight))
-        movers = [r for r in allowed if r is not holder]
+        movers = [r for r in allowed if r != holder]
         mover = min(movers, key=lambda r: carry[r], default=None)
         if mover is None or carry[mover] >= (1.0 - self._config.switch_margin) * carry[holder]:
             return holder, "carrier-holds", carry
@@ -578,7 +617,7 @@ class ProfiledPolicy:
         step = rp.step.at(total) * math.exp(self._drift[route].log_ratio)
         per_token = 0.0
         for workload, share in mix.items():
-            belief = self._workload_belief(workload)
+            belief = self._workload_belief(route, workload)
             rho = min(1.0, max(0.0, belief.mean + sds * belief.sd))
             per_token += share / self._tau(rp, rho)
         decode = step * per_token / sum(mix.values())
@@ -628,43 +667,41 @@ class ProfiledPolicy:
         return gain(mix) + (lives - 1.0) * later > drain
 
     def _tau(self, route: RouteProfile, rho: float) -> float:
-        """Tokens one step yields there: 1 + k * rho speculative, 1 without."""
-        return 1.0 + self._k * rho if route.speculative else 1.0
+        """Tokens one step yields there: 1 + k * rho speculative (its own k), 1 without."""
+        return 1.0 + route.identity.num_speculative_tokens * rho
 
     # ---- acceptance --------------------------------------------------------------------
 
-    def _key(self, f: RequestFeatures) -> tuple[Workload, int]:
-        """The finer key: workload and sampling temperature (greedy, low, moderate,
-        high): acceptance falls with temperature within a workload."""
+    def _key(self, route: Route, f: RequestFeatures) -> tuple[Route, Workload, int]:
+        """The finer key: the route, workload and sampling temperature (greedy, low,
+        moderate, high): acceptance falls with temperature within a workload."""
         bucket = sum(1 for bound in _TEMPERATURE_BUCKETS if f.temperature > bound)
-        return f.workload, bucket
+        return route, f.workload, bucket
 
-    def _belief_for(self, f: RequestFeatures) -> AcceptanceBelief:
+    def _belief_for(self, route: Route, f: RequestFeatures) -> AcceptanceBelief:
         """The finer key's belief if it has any data, else the workload's; a workload
         not measured yet takes the offline model's prediction for this very request
         (`specroute train` on the outcome log) as its prior mean, where one is given."""
-        fine = self._beliefs.get(self._key(f))
+        fine = self._beliefs.get(self._key(route, f))
         if fine is not None and fine.n > 0:
             return fine
-        belief = self._workload_belief(f.workload)
-        if self._model is None or belief.n > 0:
+        belief = self._workload_belief(route, f.workload)
+        k = _route(self._active(), route).identity.num_speculative_tokens
+        if self._model is None or belief.n > 0 or k <= 0:
             return belief
-        rate = acceptance_rate(self._model.predict(f), self._k)
+        rate = acceptance_rate(self._model.predict(f), k)
         return AcceptanceBelief(rate, self._config.probe_weight, self._config.prior_sd)
 
-    def _workload_belief(self, workload: Workload) -> AcceptanceBelief:
-        known = self._beliefs.get((workload, -1))
+    def _workload_belief(self, route: Route, workload: Workload) -> AcceptanceBelief:
+        known = self._beliefs.get((route, workload, -1))
         if known is not None:
             return known
         fresh = AcceptanceBelief(_NEUTRAL_RATE, _NEUTRAL_WEIGHT, self._config.prior_sd)
-        self._set_prior(fresh, workload)
+        self._set_prior(fresh, route, workload)
         return fresh
 
-    def _rate(self, f: RequestFeatures) -> float:
-        return self._belief_for(f).mean
-
-    def _mean_rate(self, workload: Workload) -> float:
-        return self._workload_belief(workload).mean
+    def _rate(self, route: Route, f: RequestFeatures) -> float:
+        return self._belief_for(route, f).mean
 
     def _failure_rate(self, route: Route, workload: Workload) -> float:
         counts = self._failures.get((route, workload))
@@ -682,23 +719,27 @@ class ProfiledPolicy:
         if not (math.isfinite(outcome.duration_s) and outcome.duration_s > 0):
             return
         f, route = outcome.features, outcome.route
+        if route not in self._routes:  # a route this policy was not configured with
+            return
         per_seq = outcome.completion_tokens / max(f.n, 1)
-        rho = self._rate(f)
-        if route is SPEC and outcome.acceptance is not None and math.isfinite(outcome.acceptance):
-            rho = min(1.0, max(0.0, outcome.acceptance))
+        rho = self._rate(route, f)
+        speculative = _route(self._active(), route).speculative
+        acceptance = outcome.acceptance
+        if speculative and acceptance is not None and math.isfinite(acceptance):
+            rho = min(1.0, max(0.0, acceptance))
             if per_seq >= 2:
                 weight = min(1.0, per_seq / _FULL_WEIGHT_TOKENS)
-                for key in ((f.workload, -1), self._key(f)):
+                for key in ((route, f.workload, -1), self._key(route, f)):
                     belief = self._beliefs.get(key)
                     if belief is None:
-                        belief = self._beliefs[key] = self._workload_belief(f.workload)
-                        if key[1] >= 0:  # the finer key starts from its workload's mean
+                        belief = self._beliefs[key] = self._workload_belief(route, f.workload)
+                        if key[2] >= 0:  # the finer key starts from its workload's mean
                             belief = self._beliefs[key] = AcceptanceBelief(
                                 belief.mean, belief.prior_n, belief.prior_sd
                             )
                     belief.observe(rho, weight, self._decay)
         self._outputs.observe(f, outcome.completion_tokens)
-        load = sum(outcome.state.of(r).load for r in _routes(self._active())) + max(f.n, 1)
+        load = sum(s.load for s in outcome.state.servers.values()) + max(f.n, 1)
         self._traffic.observe(f.workload, f.prompt_tokens, per_seq, load)
         self._count_failure(route, f.workload, failed=False)
         profile = self._active()
@@ -764,24 +805,34 @@ class ProfiledPolicy:
 
     # ---- read-back ---------------------------------------------------------------------
 
-    def estimated_acceptance(self) -> dict[Workload, float]:
-        """Per-position acceptance a per workload (the unit of the gauges), from the
-        posterior mean rate; only workloads with a profile probe or a measurement."""
-        out: dict[Workload, float] = {}
-        spec = self._active().route(SPEC.value)
-        for workload in Workload:
-            known = (workload, -1) in self._beliefs
-            probed = spec is not None and workload in spec.tokens_per_step
-            if known or probed:
-                out[workload] = alpha_from_rate(self._mean_rate(workload), self._k)
+    def estimated_acceptance(self) -> dict[Route, dict[Workload, float]]:
+        """Per-position acceptance a per speculative route and workload (the unit of the
+        gauges), from the posterior mean rate; only workloads with a profile probe or a
+        measurement on that route."""
+        out: dict[Route, dict[Workload, float]] = {}
+        profile = self._active()
+        for route in _routes(profile):
+            measured = _route(profile, route)
+            k = measured.identity.num_speculative_tokens
+            if k <= 0:
+                continue
+            believed: dict[Workload, float] = {}
+            for workload in Workload:
+                if (route, workload, -1) in self._beliefs or workload in measured.tokens_per_step:
+                    rate = self._workload_belief(route, workload).mean
+                    believed[workload] = alpha_from_rate(rate, k)
+            out[route] = believed
         return out
 
-    def acceptance_beliefs(self) -> dict[Workload, tuple[float, float, float]]:
-        """(mean rate, its sd, measured weight) per workload seen or probed."""
-        out: dict[Workload, tuple[float, float, float]] = {}
-        for workload in self.estimated_acceptance():
-            b = self._workload_belief(workload)
-            out[workload] = (b.mean, b.sd, b.n)
+    def acceptance_beliefs(self) -> dict[Route, dict[Workload, tuple[float, float, float]]]:
+        """(mean rate, its sd, measured weight) per speculative route and workload seen
+        or probed."""
+        out: dict[Route, dict[Workload, tuple[float, float, float]]] = {}
+        for route, believed in self.estimated_acceptance().items():
+            out[route] = {}
+            for workload in believed:
+                b = self._workload_belief(route, workload)
+                out[route][workload] = (b.mean, b.sd, b.n)
         return out
 
     def shared_gpu(self, pair: int = 0) -> bool | None:
@@ -801,9 +852,10 @@ class ProfiledPolicy:
     def state_to_json(self) -> dict[str, Any]:
         return {
             "format": STATE_FORMAT,
-            "k": self._k,
+            "routes": {r.value: spec.k for r, spec in self._routes.items()},
             "acceptance": {
-                f"{w.value}/{b}": belief.to_json() for (w, b), belief in self._beliefs.items()
+                f"{r.value}/{w.value}/{b}": belief.to_json()
+                for (r, w, b), belief in self._beliefs.items()
             },
             "outputs": self._outputs.to_json(),
             "failures": {f"{r.value}/{w.value}": c for (r, w), c in self._failures.items()},
@@ -811,29 +863,46 @@ class ProfiledPolicy:
         }
 
     def load_state(self, raw: object) -> None:
-        """What an earlier process learned. Anything but a state of this format and k,
-        every figure a finite number >= 0 that the sums read back sanely, is refused
-        (ValueError) whole: nothing of it is taken."""
+        """What an earlier process learned. Anything but a state of this format whose
+        routes have the k they have now, every figure a finite number >= 0 that the
+        sums read back sanely, is refused (ValueError) whole: nothing of it is taken.
+        A route the state names and the configuration no longer has is dropped. The
+        two-route format (/1: one speculative route's k) is read as the route
+        "speculative"."""
         if not isinstance(raw, Mapping):
             raise ValueError("router state: want a JSON object")
-        if raw.get("format") != STATE_FORMAT or raw.get("k") != self._k:
-            raise ValueError(f"router state: want format {STATE_FORMAT!r} with k={self._k}")
-        beliefs: dict[tuple[Workload, int], AcceptanceBelief] = {}
-        for key, values in _table(raw, "acceptance").items():
-            name, _, fine = key.partition("/")
+        ks = {r.value: spec.k for r, spec in self._routes.items()}
+        acceptance = _table(raw, "acceptance")
+        if raw.get("format") == _TWO_ROUTE_STATE_FORMAT:
+            mine = ks.get(Route.SPECULATIVE.value)
+            if raw.get("k") != mine:
+                raise ValueError(f"router state: a two-route state with k={raw.get('k')}")
+            acceptance = {f"{Route.SPECULATIVE.value}/{k}": v for k, v in acceptance.items()}
+        elif raw.get("format") == STATE_FORMAT:
+            theirs = _table(raw, "routes")
+            changed = [n for n, k in theirs.items() if n in ks and ks[n] != k]
+            if changed:
+                raise ValueError(f"router state: route(s) {changed} had another k")
+        else:
+            raise ValueError(f"router state: want format {STATE_FORMAT!r}")
+        beliefs: dict[tuple[Route, Workload, int], AcceptanceBelief] = {}
+        for key, values in acceptance.items():
+            name, workload, fine = _parts(key, 3, "acceptance")
             belief = AcceptanceBelief(*_figures(values, 6, f"acceptance {key!r}"))
             if not (belief.prior_mean <= 1 and belief.weight > 0):
                 raise ValueError(f"router state: acceptance {key!r}: want a mean in [0, 1]")
             if not (math.isfinite(belief.mean) and math.isfinite(belief.sd)):
                 raise ValueError(f"router state: acceptance {key!r}: sums out of range")
-            beliefs[(Workload(name), int(fine))] = belief
+            if name in ks:
+                beliefs[(Route(name), Workload(workload), int(fine))] = belief
         failures: dict[tuple[Route, Workload], list[float]] = {}
         for key, values in _table(raw, "failures").items():
-            r, _, w = key.partition("/")
+            r, w = _parts(key, 2, "failures")
             failed, seen = _figures(values, 2, f"failures {key!r}")
             if failed > seen:
                 raise ValueError(f"router state: failures {key!r}: more failed than seen")
-            failures[(Route(r), Workload(w))] = [failed, seen]
+            if r in ks:
+                failures[(Route(r), Workload(w))] = [failed, seen]
         outputs = OutputLengthModel.from_json(
             {k: _figures(v, 2, f"outputs {k!r}") for k, v in _table(raw, "outputs").items()}
         )
@@ -842,9 +911,17 @@ class ProfiledPolicy:
         self._beliefs, self._failures, self._outputs = beliefs, failures, outputs
         self._traffic = traffic
         if self._profile is not None:
-            for (workload, level), belief in beliefs.items():
+            for (route, workload, level), belief in beliefs.items():
                 if level < 0:
-                    self._set_prior(belief, workload)
+                    self._set_prior(belief, route, workload)
+
+
+def _parts(key: str, count: int, what: str) -> list[str]:
+    """A state key's `/`-separated parts, `count` of them."""
+    parts = key.split("/")
+    if len(parts) != count:
+        raise ValueError(f"router state: {what} {key!r}: want {count} parts")
+    return parts
 
 
 def _table(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -872,7 +949,8 @@ def _figures(values: object, count: int, what: str) -> list[float]:
     return figures
 
 
-STATE_FORMAT = "specroute.router-state/1"
+STATE_FORMAT = "specroute.router-state/2"
+_TWO_ROUTE_STATE_FORMAT = "specroute.router-state/1"  # before routes had names
 
 
 def _route(profile: EngineProfile, route: Route) -> RouteProfile:
@@ -884,8 +962,7 @@ def _route(profile: EngineProfile, route: Route) -> RouteProfile:
 
 def _routes(profile: EngineProfile) -> tuple[Route, ...]:
     """The profile's routes in its order: the decision takes the cheapest of a list,
-    so another speculative configuration is one more entry (Route and LiveState name
-    the pair's two today)."""
+    so another speculative configuration is one more entry."""
     return tuple(Route(r.name) for r in profile.routes)
 
 

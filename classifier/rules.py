@@ -7,14 +7,22 @@ them as it treats the profiled policy.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from classifier.features import FeatureOptions, RequestFeatures, Workload
 from classifier.guards import DEFAULT_GUARDS, GuardsConfig
 from classifier.profile import EngineProfile
-from classifier.types import BackendState, Decision, FinishedRequest, LiveState, Route
+from classifier.types import (
+    TWO_ROUTES,
+    BackendState,
+    Decision,
+    FinishedRequest,
+    LiveState,
+    Route,
+    RouteSpec,
+)
 
 __all__ = ["RulesConfig", "RulesPolicy", "StaticPolicy", "Unlearning"]
 
@@ -58,7 +66,7 @@ class Unlearning:
     def state_to_json(self) -> dict[str, Any] | None:
         return None
 
-    def estimated_acceptance(self) -> Mapping[Workload, float]:
+    def estimated_acceptance(self) -> Mapping[Route, Mapping[Workload, float]]:
         return {}
 
     def shared_gpu(self, pair: int = 0) -> bool | None:
@@ -93,21 +101,33 @@ class RulesPolicy(Unlearning):
     5. structured-low-temp, 6. code-low-temp: structured output or code at
        temperature <= structured_max_temperature: drafts are accepted often.
     7. default: config.default_route.
-    Finally, if the chosen backend is unhealthy and the other is healthy, the
-    other answers ("unhealthy-fallback"); with both down the choice stands.
+    With several routes, "speculative" is the first speculative route configured and
+    "baseline" the first without speculation: the rules say whether to speculate, not
+    how. Finally, if the chosen backend is unhealthy, the first healthy route in the
+    configuration's order answers ("unhealthy-fallback"); with all down the choice
+    stands.
     """
 
-    __slots__ = ("_config", "_creative", "_guards")
+    __slots__ = ("_base", "_config", "_creative", "_guards", "_routes", "_spec")
 
     def __init__(
         self,
         config: RulesConfig,
         *,
+        routes: Sequence[RouteSpec] = TWO_ROUTES,
         guards: GuardsConfig = DEFAULT_GUARDS,
         features: FeatureOptions = _DEFAULT_FEATURES,
     ) -> None:
+        spec = next((r.name for r in routes if r.speculative), None)
+        base = next((r.name for r in routes if not r.speculative), None)
+        if spec is None or base is None:
+            raise ValueError("rules: want a speculative route and one without speculation")
+        if config.default_route not in {r.name for r in routes}:
+            raise ValueError(f"rules: default_route {config.default_route!r} is not a route")
         self._config = config
         self._guards = guards
+        self._routes = tuple(r.name for r in routes)
+        self._spec, self._base = spec, base
         self._creative = features.creative_min_temperature  # the one extract_features used
 
     @property
@@ -121,24 +141,26 @@ class RulesPolicy(Unlearning):
         pair: int = 0,
         rng: random.Random | None = None,
     ) -> Decision:
-        route, reason = self._rules(features, state.speculative)
-        if not state.of(route).healthy and state.of(route.other).healthy:
-            return Decision(route.other, "unhealthy-fallback")
+        route, reason = self._rules(features, state.of(self._spec))
+        if not state.of(route).healthy:
+            healthy = next((r for r in self._routes if state.of(r).healthy), None)
+            if healthy is not None:
+                return Decision(healthy, "unhealthy-fallback")
         return Decision(route, reason)
 
     def _rules(self, f: RequestFeatures, spec: BackendState) -> tuple[Route, str]:
         cfg = self._config
         if (guard := self._guards.reason(spec)) is not None:
-            return Route.BASELINE, guard
+            return self._base, guard
         if f.workload is Workload.CREATIVE or f.temperature > self._creative:
-            return Route.BASELINE, "high-temperature"
+            return self._base, "high-temperature"
         if f.prompt_tokens > cfg.prefill_ratio * max(1, f.expected_output_tokens):
-            return Route.BASELINE, "prefill-bound"
+            return self._base, "prefill-bound"
         low_temp = f.temperature <= cfg.structured_max_temperature
         if f.structured and low_temp:
-            return Route.SPECULATIVE, "structured-low-temp"
+            return self._spec, "structured-low-temp"
         if f.code_like and low_temp:
-            return Route.SPECULATIVE, "code-low-temp"
+            return self._spec, "code-low-temp"
         return cfg.default_route, "default"
 
 

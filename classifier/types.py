@@ -9,21 +9,22 @@ decision says why in a short, low-cardinality reason (a metric label). What it
 learns it learns in learn() and the other learning hooks, from the gateway's
 measurements; it is not pure in the sense of stateless.
 
-A host with N GPUs runs N pairs (a speculative and a baseline server on each
-GPU). The gateway picks the pair first and hands the policy that pair's
-LiveState and its index (`pair`, 0 .. N-1; 0 for a single pair). The profiled
-policy keeps one profile and one set of beliefs for all pairs (the pairs run the
-same model and configuration); each FinishedRequest names the pair its decision
-was made for.
+The routes are configured by name (RouteSpec: a server's speculation, or none);
+the two-route configuration is a speculative and a baseline route. A host with N
+GPUs runs N groups (a server of every route on each GPU; "pairs" for two routes).
+The gateway picks the group first and hands the policy that group's LiveState and
+its index (`pair`, 0 .. N-1; 0 for a single group). The profiled policy keeps one
+profile and one set of beliefs for all groups (they run the same configurations);
+each FinishedRequest names the group its decision was made for.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from classifier.features import RequestFeatures, Workload
 
@@ -31,22 +32,89 @@ if TYPE_CHECKING:
     from classifier.profile import EngineProfile
 
 __all__ = [
+    "ROUTE_NAME",
+    "TWO_ROUTES",
     "BackendState",
     "Decision",
     "FinishedRequest",
     "LiveState",
     "Policy",
     "Route",
+    "RouteSpec",
+    "two_routes",
 ]
 
 
-class Route(StrEnum):
-    SPECULATIVE = "speculative"
-    BASELINE = "baseline"
+class Route(str):
+    """A route's configured name (`[routes.NAME]`): one server configuration of the model.
+
+    A name, not a fixed pair: a deployment may run none, EAGLE k=3 and k=7 side by
+    side. SPECULATIVE and BASELINE are the names of the two-route configuration
+    (`[backends.speculative]`, `[backends.baseline]`), which stays valid. Compare
+    routes with ==, never `is`: a name read from a header or a state file is
+    another object with the same text.
+    """
+
+    __slots__ = ()
+
+    SPECULATIVE: ClassVar[Route]
+    BASELINE: ClassVar[Route]
 
     @property
-    def other(self) -> Route:
-        return Route.BASELINE if self is Route.SPECULATIVE else Route.SPECULATIVE
+    def value(self) -> str:
+        """The name as text (labels, JSON, headers)."""
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"Route({str.__str__(self)!r})"
+
+
+Route.SPECULATIVE = Route("speculative")
+Route.BASELINE = Route("baseline")
+
+# A route's name: what a metric label, a header and a TOML table key can all hold.
+ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """What a policy knows of a configured route before any profile: its speculation.
+
+    method: vLLM's speculative method ("ngram", "eagle", "eagle3", "draft_model",
+    "mtp", ...; "none" without speculation); k: its num_speculative_tokens (0: none);
+    draft_cost_ratio: one draft token's cost over one target step, used only by the
+    built-in prior before the profile measures the route.
+    """
+
+    name: Route
+    k: int = 0
+    method: str = "none"
+    draft_cost_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not ROUTE_NAME.match(self.name):
+            raise ValueError(f"route name {self.name!r}: want [a-z0-9][a-z0-9_-]*, at most 63")
+        if self.k < 0 or (self.k == 0) != (self.method == "none"):
+            raise ValueError(f"route {self.name}: k={self.k} with method {self.method!r}")
+        if not 0.0 <= self.draft_cost_ratio <= 10.0:
+            raise ValueError(f"route {self.name}: draft_cost_ratio out of [0, 10]")
+
+    @property
+    def speculative(self) -> bool:
+        return self.k > 0
+
+
+def two_routes(
+    k: int = 4, draft_cost_ratio: float = 0.1, method: str = "draft_model"
+) -> tuple[RouteSpec, RouteSpec]:
+    """The two-route configuration: a speculative server and one without speculation."""
+    return RouteSpec(Route.SPECULATIVE, k, method, draft_cost_ratio), RouteSpec(Route.BASELINE)
+
+
+# Its defaults: k=4 with a draft model's cost ratio of 0.1 (the config's defaults).
+TWO_ROUTES = two_routes()
+# Its names, in its order.
+PAIR = (Route.SPECULATIVE, Route.BASELINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +155,21 @@ class BackendState:
 
 @dataclass(frozen=True, slots=True)
 class LiveState:
-    speculative: BackendState
-    baseline: BackendState
+    """Every route's server, as the gateway sees it now, in the configuration's order."""
+
+    servers: Mapping[Route, BackendState]
+
+    @staticmethod
+    def pair(speculative: BackendState, baseline: BackendState) -> LiveState:
+        """The two-route configuration's state."""
+        return LiveState({Route.SPECULATIVE: speculative, Route.BASELINE: baseline})
 
     def of(self, route: Route) -> BackendState:
-        return self.speculative if route is Route.SPECULATIVE else self.baseline
+        return self.servers[route]
+
+    @property
+    def routes(self) -> tuple[Route, ...]:
+        return tuple(self.servers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +270,9 @@ class Policy(Protocol):
         """What it learned, to keep across a restart (None: nothing to keep)."""
         ...
 
-    def estimated_acceptance(self) -> Mapping[Workload, float]:
-        """Per-position draft acceptance per workload as believed now (empty: no estimate)."""
+    def estimated_acceptance(self) -> Mapping[Route, Mapping[Workload, float]]:
+        """Per-position draft acceptance per speculative route and workload as believed
+        now (empty: no estimate)."""
         ...
 
     def shared_gpu(self, pair: int = 0) -> bool | None:

@@ -120,7 +120,7 @@ class BackendsConfig:
     pairs: Pairing = Pairing.ONE
 
     def of(self, route: Route) -> BackendConfig:
-        return self.speculative if route is Route.SPECULATIVE else self.baseline
+        return self.speculative if route == Route.SPECULATIVE else self.baseline
 
 
 @dataclass(frozen=True, slots=True)

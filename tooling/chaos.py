@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import aiohttp
 from aiohttp import web
 
-from classifier.types import Route
+from classifier.types import PAIR, Route
 from gateway.config import Config, parse_config
 from gateway.request.dispatch import FAILOVER_HEADER, REASON_HEADER, ROUTE_HEADER
 from gateway.state import BACKENDS
@@ -57,6 +57,11 @@ CHAT = "/v1/chat/completions"
 JSON = {"Content-Type": "application/json"}
 # The emulator's costs as the gateway is told them (EmulatorConfig's defaults).
 SPEC_K, SPEC_DRAFT_COST = 4, 0.2
+
+
+def _other(route: Route) -> Route:
+    """The pair's other route."""
+    return Route.BASELINE if route == Route.SPECULATIVE else Route.SPECULATIVE
 
 
 def free_port() -> int:
@@ -80,7 +85,7 @@ class EmulatedBackend:
             *("--port", self.url.rsplit(":", 1)[1], "--seed", str(seed)),
             *("--time-scale", str(time_scale), "--max-num-seqs", str(max_num_seqs)),
         ]
-        if route is Route.SPECULATIVE:
+        if route == Route.SPECULATIVE:
             self._args += ["--per-request-spec-decode-metrics", "summary"]
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -176,7 +181,7 @@ class Watch:
 
     def room_at(self, route: Route, t: float) -> bool:
         """`route` answered /health and had a free slot and no queue at `t`."""
-        backend = next(b for b in self._backends if b.route is route)
+        backend = next(b for b in self._backends if b.route == route)
         seen = self._at(backend, t)
         return seen.healthy and seen.waiting == 0 and (seen.running or 0) < backend.max_num_seqs
 
@@ -207,7 +212,7 @@ class Timeline:
     def hit(self, name: str, route: Route, start: float, end: float) -> bool:
         """An event `name` on `route` overlapped [start, end]."""
         return any(
-            e.name == name and e.route is route and e.started <= end and start <= e.ended
+            e.name == name and e.route == route and e.started <= end and start <= e.ended
             for e in self.events
         )
 
@@ -414,7 +419,7 @@ async def unloaded_ttft(session: aiohttp.ClientSession, gateway: str, repeats: i
     """The probe's time to first token on an idle stack: per route (named with the
     override header), the median of `repeats`; the faster route's."""
     medians = []
-    for n, route in enumerate(Route):
+    for n, route in enumerate(PAIR):
         ttfts = []
         for i in range(repeats):
             s = await send(
@@ -542,7 +547,7 @@ class Chaos:
         finally:
             await backend.faults(self._session, None)
             event.ended = time.monotonic()
-        await self._kill_restart(route.other, down_s)
+        await self._kill_restart(_other(route), down_s)
 
     async def saturate(self, route: Route, *, hold_s: float) -> None:
         """As many streams as `route` has slots, named to it and never read, for hold_s: its
@@ -708,7 +713,7 @@ def _wait_counts(s: Sent, timeline: Timeline, watch: Watch) -> bool:
         and s.ok
         and s.route is not None
         and s.reason != "unhealthy-fallback"
-        and watch.room_at(s.route.other, s.started)
+        and watch.room_at(_other(s.route), s.started)
         and not timeline.hit("stall", s.route, s.started, s.ended)
     )
 

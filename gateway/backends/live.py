@@ -86,7 +86,7 @@ def whole_servers(state: LiveState, others_before: Mapping[Route, int]) -> LiveS
     """`state` as the servers carry it, where others' requests are on them (see above)."""
     if not foreign(state, others_before):
         return state
-    return LiveState(speculative=_whole(state.speculative), baseline=_whole(state.baseline))
+    return LiveState.pair(speculative=_whole(state.speculative), baseline=_whole(state.baseline))
 
 
 def _whole(backend: BackendState) -> BackendState:

@@ -141,7 +141,7 @@ class Pair:
     baseline: tuple[Upstream, ...]
 
     def of(self, route: Route) -> tuple[Upstream, ...]:
-        return self.speculative if route is Route.SPECULATIVE else self.baseline
+        return self.speculative if route == Route.SPECULATIVE else self.baseline
 
     @property
     def inflight(self) -> int:

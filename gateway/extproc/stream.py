@@ -278,7 +278,7 @@ class PickerStream:
         for backend in pool:
             for upstream in backend.upstreams:
                 if host_port(upstream.url) == served.split(",", 1)[0]:
-                    if backend.route is not life.route:
+                    if backend.route != life.route:
                         life.failed_over(life.route)
                         life.sent_to(backend.route, pool.batch(backend.route, upstream))
                         self._answer_headers[ROUTE_HEADER] = backend.route.value

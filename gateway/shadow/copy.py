@@ -58,7 +58,7 @@ def primary_of(record: RequestRecord) -> Primary | None:
     lesson, decision = record.lesson, record.decision
     if lesson is None or decision is None or record.failover_from is not None:
         return None
-    if decision.reason == "override" or decision.route is not lesson.route:
+    if decision.reason == "override" or decision.route != lesson.route:
         return None
     if lesson.features.n != 1:
         return None
@@ -217,7 +217,7 @@ def answer_of(
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     completion = completion if isinstance(completion, int) else None
     acceptance = None
-    if route is Route.SPECULATIVE:
+    if route == Route.SPECULATIVE:
         acceptance = measured_acceptance(
             report,
             completion,

@@ -54,13 +54,13 @@ class PairedTiming:
     @classmethod
     def of(cls, chosen: Route, chosen_s: float, other_s: float) -> PairedTiming:
         """From the user request's route and e2e and its copy's e2e."""
-        if chosen is Route.SPECULATIVE:
+        if chosen == Route.SPECULATIVE:
             return cls(chosen_s, other_s, chosen)
         return cls(other_s, chosen_s, chosen)
 
     @property
     def chosen_s(self) -> float:
-        return self.speculative_s if self.chosen is Route.SPECULATIVE else self.baseline_s
+        return self.speculative_s if self.chosen == Route.SPECULATIVE else self.baseline_s
 
     @property
     def faster_s(self) -> float:

@@ -136,7 +136,7 @@ class RequestLife:
         status = _status_label(meter)
         route = self.route or (self.decision.route if self.decision else None)
         acceptance = spec_metrics = None
-        if status == "2xx" and route is Route.SPECULATIVE:
+        if status == "2xx" and route == Route.SPECULATIVE:
             spec_metrics = reports_spec_metrics(meter.report)
             acceptance = _acceptance(
                 meter, self.features, completion, num_speculative_tokens, attributed

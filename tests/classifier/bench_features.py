@@ -78,7 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         counter = load_tiktoken_counter(cache_dir=Path(cache))
     policy = RulesPolicy(RulesConfig())
-    state = LiveState(BackendState(inflight=2), BackendState(inflight=1))
+    state = LiveState.pair(BackendState(inflight=2), BackendState(inflight=1))
     runs = 400
     for size in (200, 2000, 8000):
         cold = [body(f"[{i}] " + prose(size, i)) for i in range(runs)]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from classifier import Route, StaticPolicy
+from classifier import StaticPolicy
+from classifier.types import PAIR
 from tooling.sim.shared_gpu import Job, jobs, mean_latency, profiled, simulate
 from tooling.workloads import MIXES
 
@@ -38,7 +39,7 @@ def test_each_burst_is_served_on_the_server_that_suits_it(warm: bool) -> None:
                 simulate(policy, burst, 2)
         ours = best = 0.0
         for burst in bursts(6, seed=seed + 100):
-            statics = [mean_latency(simulate(StaticPolicy(r), burst, 2)) for r in Route]
+            statics = [mean_latency(simulate(StaticPolicy(r), burst, 2)) for r in PAIR]
             ours += mean_latency(simulate(policy, burst, 2))
             best += min(statics)
         ratios.append(ours / best)

@@ -25,9 +25,10 @@ from classifier import (
     extract_features,
 )
 from classifier.guards import DEFAULT_GUARDS
+from classifier.types import PAIR
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
-IDLE = LiveState(BackendState(), BackendState())
+IDLE = LiveState.pair(BackendState(), BackendState())
 POLICY = RulesPolicy(RulesConfig())
 
 
@@ -50,7 +51,7 @@ def features(**overrides: Any) -> RequestFeatures:
 
 
 def spec_state(**fields: Any) -> LiveState:
-    return LiveState(BackendState(**fields), BackendState())
+    return LiveState.pair(BackendState(**fields), BackendState())
 
 
 def decide(
@@ -91,7 +92,7 @@ def test_spec_busy_by_gateway_count_or_scraped_running() -> None:
 
 
 def test_baseline_load_does_not_matter_to_the_rules() -> None:
-    state = LiveState(BackendState(), BackendState(inflight=100, kv_cache_usage=0.99))
+    state = LiveState.pair(BackendState(), BackendState(inflight=100, kv_cache_usage=0.99))
     assert decide(features(), state) == (SPEC, "default")
 
 
@@ -153,27 +154,29 @@ def test_code_low_temp() -> None:
 
 @pytest.mark.parametrize("rules_route", [SPEC, BASE])
 def test_unhealthy_fallback(rules_route: Route) -> None:
-    f = features() if rules_route is SPEC else features(temperature=1.5)
+    f = features() if rules_route == SPEC else features(temperature=1.5)
     down = BackendState(healthy=False)
     state = (
-        LiveState(down, BackendState()) if rules_route is SPEC else LiveState(BackendState(), down)
+        LiveState.pair(down, BackendState())
+        if rules_route == SPEC
+        else LiveState.pair(BackendState(), down)
     )
     d = POLICY.decide(f, state)
-    assert (d.route, d.reason) == (rules_route.other, "unhealthy-fallback")
+    assert (d.route, d.reason) == (BASE if rules_route == SPEC else SPEC, "unhealthy-fallback")
 
 
 def test_fallback_wins_over_load_rules() -> None:
-    state = LiveState(BackendState(kv_cache_usage=0.99), BackendState(healthy=False))
+    state = LiveState.pair(BackendState(kv_cache_usage=0.99), BackendState(healthy=False))
     assert decide(features(), state) == (SPEC, "unhealthy-fallback")
 
 
 def test_both_unhealthy_keeps_the_rules_choice() -> None:
-    state = LiveState(BackendState(healthy=False), BackendState(healthy=False))
+    state = LiveState.pair(BackendState(healthy=False), BackendState(healthy=False))
     assert decide(features(), state) == (SPEC, "default")
 
 
 def test_unhealthy_other_backend_changes_nothing() -> None:
-    state = LiveState(BackendState(), BackendState(healthy=False))
+    state = LiveState.pair(BackendState(), BackendState(healthy=False))
     assert decide(features(structured=True, temperature=0.0), state) == (
         SPEC,
         "structured-low-temp",
@@ -243,7 +246,7 @@ def test_scenarios(counter: TokenCounter) -> None:
 
 
 def test_static_policy() -> None:
-    for route in Route:
+    for route in PAIR:
         d = StaticPolicy(route).decide(features(temperature=2.0), spec_state(healthy=False))
         assert (d.route, d.reason) == (route, "static")
 
@@ -262,15 +265,14 @@ def test_decisions_are_deterministic() -> None:
 
 def test_live_state_of_and_route_values() -> None:
     spec, base = BackendState(inflight=1), BackendState(inflight=2)
-    state = LiveState(spec, base)
+    state = LiveState.pair(spec, base)
     assert state.of(SPEC) is spec and state.of(BASE) is base
-    assert [r.value for r in Route] == ["speculative", "baseline"]
-    assert SPEC.other is BASE and BASE.other is SPEC
+    assert [r.value for r in PAIR] == ["speculative", "baseline"]
 
 
 def test_defaults_and_frozen() -> None:
     assert BackendState() == BackendState(0, True, None, None, None)
     assert Decision(SPEC, "default").predicted_s is None
-    assert RulesConfig().default_route is SPEC
+    assert RulesConfig().default_route == SPEC
     with pytest.raises(dataclasses.FrozenInstanceError):
         RulesConfig().prefill_ratio = 2.0  # type: ignore[misc]

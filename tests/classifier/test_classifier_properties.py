@@ -15,7 +15,6 @@ from classifier import (
     Endpoint,
     LiveState,
     ProfiledPolicy,
-    Route,
     RouterConfig,
     RulesConfig,
     RulesPolicy,
@@ -24,6 +23,7 @@ from classifier import (
     extract_features,
 )
 from classifier.router import prior_profile
+from classifier.types import PAIR, two_routes
 
 # database=None: keep hypothesis from writing .hypothesis/ into the repo.
 SETTINGS = settings(max_examples=150, deadline=None, database=None)
@@ -121,9 +121,9 @@ def test_decide_never_raises(
     counter: TokenCounter, body: dict[str, Any], spec: BackendState, base: BackendState
 ) -> None:
     d = RulesPolicy(RulesConfig()).decide(
-        extract_features(body, Endpoint.CHAT, counter), LiveState(spec, base)
+        extract_features(body, Endpoint.CHAT, counter), LiveState.pair(spec, base)
     )
-    assert d.route in Route and d.reason in REASONS
+    assert d.route in PAIR and d.reason in REASONS
 
 
 @SETTINGS
@@ -144,14 +144,14 @@ def test_the_profiled_decision_never_raises_and_reads_only(
 ) -> None:
     """On a profile (one GPU or a GPU each) with or without the gateway's rng: a known
     reason, finite predictions, and the same answer again (decide() writes nothing)."""
-    profile = prior_profile(4, 0.1)
-    policy = ProfiledPolicy(RouterConfig(), k=4, draft_cost_ratio=0.1)
+    profile = prior_profile(two_routes(4, 0.1))
+    policy = ProfiledPolicy(RouterConfig(), routes=two_routes(4, 0.1))
     policy.use_profile(replace(profile.with_beside(beside), source="emulated"))
     f = extract_features(body, Endpoint.CHAT, counter)
-    state = LiveState(spec, base)
+    state = LiveState.pair(spec, base)
     rng = None if seed is None else random.Random(seed)
     d = policy.decide(f, state, 0, rng)
-    assert d.route in Route and d.reason in PROFILED_REASONS and d.why is not None
+    assert d.route in PAIR and d.reason in PROFILED_REASONS and d.why is not None
     assert d.predicted_s is not None and all(v >= 0 for v in d.predicted_s.values())
     again = policy.decide(f, state, 0, None if seed is None else random.Random(seed))
     assert (again.route, again.reason) == (d.route, d.reason)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from classifier import Route, RulesConfig, RulesPolicy, StaticPolicy
+from classifier import RulesConfig, RulesPolicy, StaticPolicy
+from classifier.types import PAIR
 from tooling.sim.pair import (
     WRONG_PROBES,
     Engine,
@@ -34,7 +35,7 @@ def test_from_wrong_probes_it_stays_near_the_oracle(concurrency: int) -> None:
     ours = mean_latency(simulate(engine, profiled(engine, WRONG_PROBES), requests, concurrency))
     rules = mean_latency(simulate(engine, RulesPolicy(RulesConfig()), requests, concurrency))
     static = min(
-        mean_latency(simulate(engine, StaticPolicy(r), requests, concurrency)) for r in Route
+        mean_latency(simulate(engine, StaticPolicy(r), requests, concurrency)) for r in PAIR
     )
     assert ours <= 1.04 * best, ours / best
     assert ours < rules and ours < 0.9 * static

@@ -12,7 +12,7 @@ from classifier.features import Endpoint, RequestFeatures, Workload
 from classifier.guards import GuardsConfig
 from classifier.profile import Curve, EngineProfile, ProfileError, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
-from classifier.types import BackendState, LiveState, Route
+from classifier.types import BackendState, LiveState, Route, two_routes
 from gateway.wire.life import Lesson
 from tests.support import whole_state
 
@@ -69,7 +69,7 @@ def profile(beside: float = 2.0, probes: dict[Workload, float] | None = None) ->
     )
 
 
-IDLE = LiveState(BackendState(), BackendState())
+IDLE = LiveState.pair(BackendState(), BackendState())
 
 
 def answer(policy: ProfiledPolicy, f: RequestFeatures, route: Route, rate: float) -> Lesson:
@@ -82,12 +82,12 @@ def answer(policy: ProfiledPolicy, f: RequestFeatures, route: Route, rate: float
     ttft = rp.ttft.at(f.prompt_tokens)
     return Lesson(
         route, f, IDLE, ttft, took, 100, f.expected_output_tokens,
-        rate if route is SPEC else None, None,
+        rate if route == SPEC else None, None,
     )  # fmt: skip
 
 
 def make(p: EngineProfile | None = None, **config: float) -> ProfiledPolicy:
-    return ProfiledPolicy(RouterConfig(**config), k=K, draft_cost_ratio=0.2, profile=p)  # type: ignore[arg-type]
+    return ProfiledPolicy(RouterConfig(**config), routes=two_routes(K, 0.2), profile=p)  # type: ignore[arg-type]
 
 
 # ---- the profile -----------------------------------------------------------------------
@@ -141,8 +141,8 @@ def test_decide_is_pure_and_says_why() -> None:
     policy = make(profile(2.0, {Workload.CODE: 3.2}))
     for workload in (Workload.CODE, Workload.CHAT, Workload.STRUCTURED):
         policy.learn(answer(policy, feats(workload), SPEC, 0.5))
-    busy = LiveState(
-        BackendState(inflight=3, mix=((Workload.CODE, 3),), last_start=2), IDLE.baseline
+    busy = LiveState.pair(
+        BackendState(inflight=3, mix=((Workload.CODE, 3),), last_start=2), IDLE.of(BASE)
     )
     before = whole_state(policy)
     first = policy.decide(feats(Workload.CODE), IDLE, 0, random.Random(1))
@@ -167,8 +167,8 @@ def test_before_the_profile_every_decision_says_unprofiled() -> None:
 
 def test_the_probes_acceptance_decides_the_first_request_of_each_kind() -> None:
     policy = make(profile(probes={Workload.CODE: 3.2, Workload.CREATIVE: 1.4}))
-    assert policy.decide(feats(Workload.CODE), IDLE).route is SPEC
-    assert policy.decide(feats(Workload.CREATIVE, 1.2), IDLE).route is BASE
+    assert policy.decide(feats(Workload.CODE), IDLE).route == SPEC
+    assert policy.decide(feats(Workload.CREATIVE, 1.2), IDLE).route == BASE
 
 
 def test_learning_starts_far_from_the_truth_and_finds_it() -> None:
@@ -176,11 +176,11 @@ def test_learning_starts_far_from_the_truth_and_finds_it() -> None:
     (rate 0.05). The gateway follows its measurements to the baseline."""
     policy = make(profile(probes={Workload.CREATIVE: 3.6}))
     f = feats(Workload.CREATIVE, 1.2)
-    assert policy.decide(f, IDLE).route is SPEC
+    assert policy.decide(f, IDLE).route == SPEC
     for _ in range(10):
         policy.learn(answer(policy, f, SPEC, 0.05))
-    assert policy.decide(f, IDLE).route is BASE
-    mean, sd, _ = policy.acceptance_beliefs()[Workload.CREATIVE]
+    assert policy.decide(f, IDLE).route == BASE
+    mean, sd, _ = policy.acceptance_beliefs()[SPEC][Workload.CREATIVE]
     assert mean < 0.3 and sd < 0.1
 
 
@@ -189,12 +189,12 @@ def test_thompson_explores_an_uncertain_workload_and_leaves_a_certain_one_alone(
     close = make(profile(probes={Workload.CHAT: 1.95}))  # near the break-even
     f = feats(Workload.CHAT)
     mean_route = close.decide(f, IDLE).route
-    flips = sum(close.decide(f, IDLE, 0, rng).route is not mean_route for _ in range(400))
+    flips = sum(close.decide(f, IDLE, 0, rng).route != mean_route for _ in range(400))
     assert flips > 20
     for _ in range(400):
         close.learn(answer(close, f, SPEC, 0.1))  # measured: clearly the baseline's
-    assert close.decide(f, IDLE).route is BASE
-    flips = sum(close.decide(f, IDLE, 0, rng).route is SPEC for _ in range(400))
+    assert close.decide(f, IDLE).route == BASE
+    flips = sum(close.decide(f, IDLE, 0, rng).route == SPEC for _ in range(400))
     assert flips == 0
 
 
@@ -202,19 +202,21 @@ def test_exploration_never_costs_a_user_more_than_its_bound() -> None:
     policy = make(profile(probes={Workload.CREATIVE: 1.0}), explore_max_regret=0.0)
     rng = random.Random(3)
     f = feats(Workload.CREATIVE, 1.2)
-    assert all(policy.decide(f, IDLE, 0, rng).route is BASE for _ in range(300))
+    assert all(policy.decide(f, IDLE, 0, rng).route == BASE for _ in range(300))
 
 
 def test_one_busy_gpu_keeps_its_batch_unless_the_other_carries_the_mix_cheaper() -> None:
     policy = make(profile(2.0, {Workload.CODE: 3.2, Workload.CREATIVE: 1.2}))
-    code_on_spec = LiveState(BackendState(inflight=3, mix=((Workload.CODE, 3),)), BackendState())
+    code_on_spec = LiveState.pair(
+        BackendState(inflight=3, mix=((Workload.CODE, 3),)), BackendState()
+    )
     d = policy.decide(feats(Workload.CREATIVE, 1.2), code_on_spec)
     assert (d.route, d.reason) == (SPEC, "consolidate")  # one creative among code: stay
-    creative_on_spec = LiveState(
+    creative_on_spec = LiveState.pair(
         BackendState(inflight=3, mix=((Workload.CREATIVE, 3),)), BackendState()
     )
     d = policy.decide(feats(Workload.CREATIVE, 1.2), creative_on_spec)
-    assert d.route is BASE and d.why is not None and d.why["rule"] == "carrier-cheaper"
+    assert d.route == BASE and d.why is not None and d.why["rule"] == "carrier-cheaper"
     # A GPU each: no carrier, each request on its own predicted cost.
     apart = make(profile(1.0, {Workload.CODE: 3.2}))
     assert apart.decide(feats(Workload.CODE), creative_on_spec).reason == "spec-predicted-faster"
@@ -225,7 +227,7 @@ def test_a_measured_step_curve_prices_a_big_speculative_batch_unless_one_is_conf
     over both servers at c=32 on the measured H200 (docs/benchmarks.md), where the 1B draft
     still pays at batch ~128. On the built-in prior nothing measured prices it: 16 stays."""
     code = feats(Workload.CODE)
-    busy = LiveState(
+    busy = LiveState.pair(
         BackendState(inflight=20, mix=((Workload.CODE, 20),), last_start=1), BackendState()
     )
     measured = profile(2.0, {Workload.CODE: 3.2})
@@ -233,7 +235,7 @@ def test_a_measured_step_curve_prices_a_big_speculative_batch_unless_one_is_conf
     d = make(measured).decide(code, busy)
     assert (d.route, d.reason) == (SPEC, "consolidate")
     capped = ProfiledPolicy(
-        RouterConfig(), k=K, draft_cost_ratio=0.2, profile=measured,
+        RouterConfig(), routes=two_routes(K, 0.2), profile=measured,
         guards=GuardsConfig(spec_max_inflight=16),
     )  # fmt: skip
     assert (capped.decide(code, busy).route, capped.decide(code, busy).reason) == (
@@ -248,13 +250,13 @@ def test_the_routes_are_the_profiles_list_and_its_order_changes_nothing() -> Non
     backward = replace(backward, routes=backward.routes[::-1])
     states = [
         IDLE,
-        LiveState(
+        LiveState.pair(
             BackendState(inflight=3, mix=((Workload.CODE, 3),), last_start=3), BackendState()
         ),
-        LiveState(
+        LiveState.pair(
             BackendState(), BackendState(inflight=2, mix=((Workload.CHAT, 2),), last_start=2)
         ),
-        LiveState(BackendState(healthy=False), BackendState()),
+        LiveState.pair(BackendState(healthy=False), BackendState()),
     ]
     for workload, temperature in ((Workload.CODE, 0.0), (Workload.CREATIVE, 1.2)):
         for state in states:
@@ -263,20 +265,24 @@ def test_the_routes_are_the_profiles_list_and_its_order_changes_nothing() -> Non
             assert (a.route, a.reason, a.predicted_s) == (b.route, b.reason, b.predicted_s)
     assert make(forward).decide(feats(Workload.CODE), states[3]).reason == "unhealthy-fallback"
     unknown = replace(forward.routes[0], name="eagle3")
-    with pytest.raises(ValueError, match="eagle3"):  # a third configuration: a later issue
-        make(replace(forward, routes=(*forward.routes, unknown)))
+    # A route the profile measures and the configuration does not run is left out; one
+    # the configuration runs and the profile does not measure is an error.
+    extra = make(replace(forward, routes=(*forward.routes, unknown)))
+    assert extra.predict(feats(Workload.CODE), IDLE).keys() == {SPEC, BASE}
+    with pytest.raises(ValueError, match="speculative"):
+        make(replace(forward, routes=(unknown, forward.routes[1])))
 
 
 def test_a_route_that_fails_a_kind_is_not_faster_for_it_until_it_recovers() -> None:
     policy = make(profile(1.0, {Workload.STRUCTURED: 3.0}))
     f = feats(Workload.STRUCTURED)
-    assert policy.decide(f, IDLE).route is SPEC
+    assert policy.decide(f, IDLE).route == SPEC
     for _ in range(6):
         policy.learn_failure(SPEC, f)
-    assert policy.decide(f, IDLE).route is BASE
+    assert policy.decide(f, IDLE).route == BASE
     for _ in range(60):
         policy.learn(answer(policy, f, SPEC, 0.5))
-    assert policy.decide(f, IDLE).route is SPEC
+    assert policy.decide(f, IDLE).route == SPEC
 
 
 def test_what_was_learned_survives_a_restart() -> None:
@@ -289,7 +295,7 @@ def test_what_was_learned_survives_a_restart() -> None:
     restarted.load_state(saved)
     assert restarted.acceptance_beliefs() == policy.acceptance_beliefs()
     with pytest.raises(ValueError):
-        ProfiledPolicy(RouterConfig(), k=2, draft_cost_ratio=0.2).load_state(saved)
+        ProfiledPolicy(RouterConfig(), routes=two_routes(2, 0.2)).load_state(saved)
 
 
 def test_a_profile_that_live_traffic_contradicts_is_reported() -> None:

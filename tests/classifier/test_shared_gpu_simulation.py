@@ -130,9 +130,9 @@ def test_an_underrated_workload_is_explored_and_learned(seed: int) -> None:
     spec = simulate(StaticPolicy(SPEC), requests, 1)
     base = simulate(StaticPolicy(BASE), requests, 1)
     code = [s for s in served if s.job.features.workload is Workload.CODE]
-    assert policy.estimated_acceptance()[Workload.CODE] == pytest.approx(0.75, abs=0.03)
-    print(f"seed {seed}: {sum(s.route is SPEC for s in code)} of {len(code)} code speculative")
-    assert sum(s.route is SPEC for s in code) >= 0.8 * len(code)
+    assert policy.estimated_acceptance()[Route.SPECULATIVE][Workload.CODE] == pytest.approx(0.75, abs=0.03)
+    print(f"seed {seed}: {sum(s.route == SPEC for s in code)} of {len(code)} code speculative")
+    assert sum(s.route == SPEC for s in code) >= 0.8 * len(code)
     assert mean_latency(served) <= 1.03 * oracle_latency(spec, base)
 
 
@@ -148,6 +148,6 @@ def test_an_overrated_workload_is_learned_from_its_own_answers(seed: int) -> Non
     spec = simulate(StaticPolicy(SPEC), requests, 1)
     base = simulate(StaticPolicy(BASE), requests, 1)
     creative = [s for s in served if s.job.features.workload is Workload.CREATIVE]
-    assert policy.estimated_acceptance()[Workload.CREATIVE] < 0.6
-    assert sum(s.route is SPEC for s in creative) <= len(creative) // 2
+    assert policy.estimated_acceptance()[Route.SPECULATIVE][Workload.CREATIVE] < 0.6
+    assert sum(s.route == SPEC for s in creative) <= len(creative) // 2
     assert mean_latency(served) <= 1.08 * oracle_latency(spec, base)

@@ -24,7 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from classifier.types import Route
+from classifier.types import PAIR
 from deploy.envoy.render import POOL_BOOTSTRAP
 from gateway.app import create_app
 from gateway.cli import _add_ext_proc_arguments
@@ -230,7 +230,7 @@ def test_the_route_matches_the_pickers_header_to_each_pool(rendered: list[Obj]) 
         else:
             assert match["path"] == {"type": "PathPrefix", "value": "/"}
             default.append(_pool_of(rule))
-    assert set(header_rules) == {r.value for r in Route}
+    assert set(header_rules) == {r.value for r in PAIR}
     assert default == [header_rules["baseline"]]  # no header, or the picker down: baseline
     for value, pool_name in header_rules.items():
         pool = one(rendered, "InferencePool", pool_name)

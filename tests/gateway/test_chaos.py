@@ -52,7 +52,7 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from classifier.tokens import TokenCounter
-from classifier.types import Route
+from classifier.types import PAIR, Route
 from gateway.app import create_app
 from gateway.state import BACKENDS
 from tests.support import wait_until
@@ -118,7 +118,7 @@ def schedule(chaos: Chaos) -> list[tuple[float, Action]]:
 async def test_chaos(tokens: TokenCounter) -> None:
     backends = {
         route: EmulatedBackend(route, time_scale=TIME_SCALE, max_num_seqs=MAX_NUM_SEQS)
-        for route in Route
+        for route in PAIR
     }
     try:
         for backend in backends.values():

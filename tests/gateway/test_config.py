@@ -31,7 +31,7 @@ BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http
 def test_shipped_config_toml_is_valid() -> None:
     config = load_config(ROOT / "config.toml")
     assert config.backends.speculative.urls == ("http://127.0.0.1:8001",)
-    assert config.routing.tuning.rules.default_route is Route.SPECULATIVE
+    assert config.routing.tuning.rules.default_route == Route.SPECULATIVE
     assert config.routing.guards == GuardsConfig(spec_max_inflight=None, spec_max_kv_usage=0.9)
 
 

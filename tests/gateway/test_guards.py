@@ -30,7 +30,7 @@ STRUCTURED = RequestFeatures(
 def reason(policy: str, spec: BackendState, **guards: object) -> str:
     routing = {"policy": policy, "guards": guards}
     built = build_policy(parse_config({"backends": BACKENDS, "routing": routing}))
-    return built.decide(STRUCTURED, LiveState(spec, BackendState())).reason
+    return built.decide(STRUCTURED, LiveState.pair(spec, BackendState())).reason
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -55,9 +55,9 @@ def test_the_busy_gpus_carrier_respects_the_guard(limit: int, carrier: Route) ->
     on the built-in prior) only if the guard would let it hold the whole batch (8)."""
     routing = {"policy": "profiled", "guards": {"spec_max_inflight": limit}}
     policy = build_policy(parse_config({"backends": BACKENDS, "routing": routing}))
-    busy_baseline = LiveState(BackendState(), BackendState(inflight=7))
+    busy_baseline = LiveState.pair(BackendState(), BackendState(inflight=7))
     decision = policy.decide(STRUCTURED, busy_baseline)
-    assert decision.route is carrier
+    assert decision.route == carrier
     assert decision.why["rule"] == (
-        "carrier-holds" if carrier is Route.BASELINE else "carrier-cheaper"
+        "carrier-holds" if carrier == Route.BASELINE else "carrier-cheaper"
     )

@@ -79,7 +79,7 @@ async def test_two_replicas_see_one_batch_from_the_same_scrape(
             g.app[RUNTIME].current.policy.decide(features, state)
             for g, state in ((a, seen_a), (b, seen_b))
         ]
-        assert decisions[0].route is decisions[1].route  # one carrier for both replicas
+        assert decisions[0].route == decisions[1].route  # one carrier for both replicas
         assert all(d.why and str(d.why["rule"]).startswith("carrier-") for d in decisions)
 
 

@@ -155,7 +155,7 @@ async def test_an_id_the_gateway_never_saw_is_found_by_asking(
     )
     assert resp.status == 200 and resp.headers["x-specroute-route"] == "speculative"
     owner = gateway.app[RESPONSE_OWNERS].get(made["id"])
-    assert owner is not None and owner.route is Route.SPECULATIVE
+    assert owner is not None and owner.route == Route.SPECULATIVE
 
 
 async def test_an_id_no_server_has_gets_vllms_own_404(rest_gateway: RestGateway) -> None:

@@ -43,6 +43,7 @@ from classifier import (
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
 from classifier.speculation import expected_tokens_per_step
+from classifier.types import two_routes
 from gateway.wire.life import Lesson
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
@@ -80,14 +81,14 @@ class Engine:
     def step_s(self, route: Route, batch: int) -> float:
         target = self.overhead_s + self.weights_s + self.kv_per_seq_s * batch
         one = target + self.compute_per_token_s * batch
-        if route is BASE:
+        if route == BASE:
             return one
         verify = target + self.compute_per_token_s * batch * (self.k + 1)
         return verify + self.k * self.c * one + self.spec_overhead_s
 
     def ttft_s(self, route: Route, prompt_tokens: int) -> float:
         prefill = self.overhead_s + self.weights_s + self.compute_per_token_s * prompt_tokens
-        return prefill * (1.0 + self.draft_prefill_ratio if route is SPEC else 1.0)
+        return prefill * (1.0 + self.draft_prefill_ratio if route == SPEC else 1.0)
 
 
 def engine_profile(engine: Engine, probes: Mapping[Workload, float] | None = None) -> EngineProfile:
@@ -99,7 +100,7 @@ def engine_profile(engine: Engine, probes: Mapping[Workload, float] | None = Non
     prompts = (16.0, 256.0, 1024.0)
 
     def route(r: Route) -> RouteProfile:
-        k = engine.k if r is SPEC else 0
+        k = engine.k if r == SPEC else 0
         return RouteProfile(
             r.value,
             ServerIdentity(f"sim://{r.value}", "sim", "sim", "ngram" if k else "none", k),
@@ -118,8 +119,7 @@ def profiled(
 ) -> ProfiledPolicy:
     return ProfiledPolicy(
         config or RouterConfig(),
-        k=engine.k,
-        draft_cost_ratio=engine.c,
+        routes=two_routes(engine.k, engine.c),
         profile=engine_profile(engine, probes),
     )
 
@@ -139,7 +139,7 @@ def outcome(engine: Engine, route: Route, f: RequestFeatures, batch: int, seed: 
     alpha = min(0.99, max(0.0, engine.acceptance[f.workload] + rng.uniform(-1, 1) * engine.jitter))
     noise = {r: math.exp(rng.gauss(0.0, engine.noise)) for r in (SPEC, BASE)}
     ttft = engine.ttft_s(route, f.prompt_tokens) * noise[route]
-    if route is BASE:
+    if route == BASE:
         steps, acceptance = out - 1, None
     else:
         steps, accepted, remaining = 0, 0, out - 1
@@ -245,7 +245,7 @@ def simulate(
         nonlocal sent
         f, seed = requests[sent]
         sent += 1
-        state = LiveState(
+        state = LiveState.pair(
             BackendState(inflight=inflight[SPEC]), BackendState(inflight=inflight[BASE])
         )
         if callable(router) and not hasattr(router, "decide"):
@@ -319,7 +319,8 @@ def report(count: int = 3000, seed: int = 11) -> None:
         best = mean_latency(runs["oracle"])
         ratios = [mean_latency(runs[n]) / best for n in ("profiled", "rules", "spec", "base")]
         late = runs["profiled"][count // 2 :]
-        err = max(abs(a - TRUE_ACCEPTANCE[w]) for w, a in policy.estimated_acceptance().items())
+        believed = policy.estimated_acceptance()[SPEC]
+        err = max(abs(a - TRUE_ACCEPTANCE[w]) for w, a in believed.items())
         print(
             f"{concurrency:>4}  {ratios[0]:10.3f}  {ratios[1]:5.3f}  {ratios[2]:8.3f}  "
             f"{ratios[3]:8.3f}  | {mape(late, SPEC):9.3f}  {mape(late, BASE):4.3f} | {err:.3f}"

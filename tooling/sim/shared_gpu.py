@@ -49,6 +49,7 @@ from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentit
 from classifier.router import ProfiledPolicy, RouterConfig
 from classifier.speculation import expected_tokens_per_step
 from classifier.tokens import TokenCounter, load_tiktoken_counter
+from classifier.types import two_routes
 from gateway.profiling.probes import PROBES
 from gateway.wire.life import Lesson
 from tooling.emulator.acceptance import (
@@ -120,7 +121,7 @@ PROFILE_PROMPTS = (16, 256, 1024, 4096)
 
 
 def _step_s(c: EmulatorConfig, route: Route, shape: StepShape) -> float:
-    cost = speculative_step_ms if route is SPEC else baseline_step_ms
+    cost = speculative_step_ms if route == SPEC else baseline_step_ms
     return cost(c, shape) * c.time_scale / 1000.0
 
 
@@ -165,7 +166,7 @@ def engine_profile(
     tps = {w: (expected_tokens_per_step(a, k), 48) for w, a in seen.items()}
 
     def route(r: Route) -> RouteProfile:
-        spec = r is SPEC
+        spec = r == SPEC
         return RouteProfile(
             r.value,
             ServerIdentity(f"sim://{r.value}", "sim", "sim", "ngram" if spec else "none", k * spec),
@@ -204,8 +205,7 @@ def profiled(
     c = emulator or MEASURED_SPEC
     return ProfiledPolicy(
         config or RouterConfig(),
-        k=c.num_speculative_tokens,
-        draft_cost_ratio=draft_cost_ratio(c),
+        routes=two_routes(c.num_speculative_tokens, draft_cost_ratio(c)),
         profile=engine_profile(c, gpus=gpus, probes=probes, counter=counter),
     )
 
@@ -268,7 +268,7 @@ def simulate(
     def send(at: float) -> None:
         nonlocal sent
         job = requests[sent]
-        state = LiveState(*(_backend(running[r], newest[r]) for r in (SPEC, BASE)))
+        state = LiveState.pair(*(_backend(running[r], newest[r]) for r in (SPEC, BASE)))
         decision = router.decide(job.features, state, 0, rng)
         route = decision.route
         predicted = decision.predicted_s.get(route) if decision.predicted_s else None
@@ -279,7 +279,7 @@ def simulate(
 
     def begin(route: Route) -> tuple[float, _Step]:
         """One engine step of `route` (scheduled as vLLM v1 does): its cost alone, in s."""
-        per_decode = k + 1 if route is SPEC else 1
+        per_decode = k + 1 if route == SPEC else 1
         budget = c.max_num_batched_tokens
         decode = [r for r in running[route] if r.prefilled >= r.job.features.prompt_tokens]
         decode = decode[: budget // per_decode]
@@ -296,7 +296,7 @@ def simulate(
             else PROFILE_CONTEXT
         )
         shape = StepShape(len(decode), sum(chunk for _, chunk in prefill), context_tokens=context)
-        cost_ms = (speculative_step_ms if route is SPEC else baseline_step_ms)(c, shape)
+        cost_ms = (speculative_step_ms if route == SPEC else baseline_step_ms)(c, shape)
         return cost_ms * c.time_scale / 1000.0, _Step(decode, prefill)
 
     def complete(route: Route, done: _Step, end: float) -> None:
@@ -306,7 +306,7 @@ def simulate(
                 r.generated, r.first_at = 1, end
         for r in done.decode:
             n = 1
-            if route is SPEC:
+            if route == SPEC:
                 accepted = draw_accepted(r.job.acceptance, k, r.rng)
                 r.drafted += k
                 r.accepted += accepted
@@ -374,7 +374,7 @@ def _finished(r: _Running, done: Served) -> Lesson:
         duration_s=done.duration_s,
         prompt_tokens=r.job.features.prompt_tokens,
         completion_tokens=r.generated,
-        acceptance=(r.accepted / r.drafted) if r.route is SPEC and r.drafted else None,
+        acceptance=(r.accepted / r.drafted) if r.route == SPEC and r.drafted else None,
         predicted_s=done.predicted_s,
     )
 
