@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Stop a vLLM pair started by deploy/cpu/up.sh or deploy/gpu/launch.sh (their
-# down.sh scripts call this with their own defaults).
+# Stop the vLLM servers started by deploy/cpu/up.sh or deploy/gpu/launch.sh
+# (every RUN_DIR/NAME.pid: the pair, or one server per route; their down.sh
+# scripts call this with their own defaults).
 #
 #   deploy/stop_pair.sh --run-dir DIR [--grace S]
 #
@@ -20,7 +21,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --run-dir) run_dir="${2:?--run-dir needs a value}"; shift 2 ;;
         --grace) grace="${2:?--grace needs a value}"; shift 2 ;;
-        -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+        -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
         *) log "ERROR: unknown argument: $1"; exit 2 ;;
     esac
 done
@@ -39,9 +40,9 @@ wait_gone() {
 }
 
 rc=0
-for name in speculative baseline dynamic; do
-    pidf="$run_dir/$name.pid"
+for pidf in "$run_dir"/*.pid; do
     [[ -f "$pidf" ]] || continue
+    name="$(basename "$pidf" .pid)"
     pgid=$(<"$pidf")
     if ! [[ "$pgid" =~ ^[0-9]+$ ]] || (( pgid <= 1 )); then
         log "ignoring $pidf: bad content '$pgid'"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop the GPU vLLM pair started by deploy/gpu/launch.sh (SIGTERM, then SIGKILL
+# Stop the vLLM servers started by deploy/gpu/launch.sh (SIGTERM, then SIGKILL
 # after the grace period, 30 s by default: vLLM frees GPU memory on a clean exit).
 #
 #   deploy/gpu/down.sh [--run-dir DIR] [--grace S]

@@ -1,9 +1,15 @@
-"""How to split one GPU between the speculative and the baseline vLLM server.
+"""How to split one GPU between several vLLM servers of the same model: the
+speculative/baseline pair (`plan_split`), or N speculation configurations, one
+server per route (`plan_servers`: none, ngram-k2, eagle3-k3, ... on one GPU).
 
-Both servers load the same target weights; the speculative one also loads its
-draft (nothing for n-gram, a small head for EAGLE/EAGLE3, a whole small model
-for draft_model). What is left after weights and per-server overheads is KV
-cache, divided between the two by `speculative_kv_share`.
+Every server loads the same target weights; a speculative one also loads its
+draft (nothing for n-gram or MTP, a small head for EAGLE/EAGLE3, a whole small
+model for draft_model). What is left after weights, per-server overheads and
+reserves is KV cache, divided between the servers by weight: a speculative
+server weighs `speculative_kv_share` (0.4), one without speculation 1 - that
+(0.6), since the gateway sends the overflow (busy, KV pressure) to plain
+decoding. For the pair that is the 40/60 split; for none + two speculative
+routes 0.6/0.4/0.4 of the KV memory, normalised.
 
 vLLM's `--gpu-memory-utilization` is a per-instance fraction of the GPU's
 *total* memory (vllm/config/cache.py): the instance checks at start that at
@@ -16,7 +22,13 @@ Pure stdlib, so it runs on a GPU host without the gateway's venv:
 
     python3 deploy/gpu/sizing.py --gpu-gib 140 --target-gib 15 --draft-gib 2.3
     python3 deploy/gpu/sizing.py --gpu-mib 143771 --target-dir /models/t --draft-dir /models/d
-    python3 deploy/gpu/sizing.py --examples      # the table in deploy/README.md
+    python3 deploy/gpu/sizing.py --examples      # the tables in deploy/README.md
+
+Where the figures come from: GPU memory is nvidia-smi's memory.total (H200:
+143771 MiB = 140.4 GiB), weights are the safetensors files' sizes on disk (the
+model cards' bf16 checkpoints), KV bytes per token are 2 x layers x KV heads x
+head_dim x 2 bytes from each config.json. The overhead and the reserve are
+estimates, not measurements: tune them from vLLM's start log (below).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,16 +114,126 @@ class SplitPlan:
         )
 
     def table(self) -> str:
+        return GpuPlan(self.gpu_gib, self.reserve_gib, (self.speculative, self.baseline)).table()
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """One vLLM server to place on a GPU: its route's name and its draft's weights
+    (0 for no speculation, n-gram and MTP: nothing loaded beside the target)."""
+
+    name: str
+    speculative: bool = False
+    draft_gib: float = 0.0
+    draft_kv_bytes_per_token: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    """N servers of one target model on one GPU, in the order given."""
+
+    gpu_gib: float
+    reserve_gib: float
+    shares: tuple[ServerShare, ...]
+
+    @property
+    def unallocated_gib(self) -> float:
+        return self.gpu_gib - sum(share.budget_gib for share in self.shares)
+
+    def table(self) -> str:
         rows = [f"GPU {self.gpu_gib:.1f} GiB; {self.reserve_gib:.1f} GiB/server outside budgets"]
-        for share in (self.speculative, self.baseline):
+        width = max(11, *(len(share.name) for share in self.shares))
+        for share in self.shares:
             tokens = f", ~{share.kv_tokens:,} KV tokens" if share.kv_tokens else ""
             rows.append(
-                f"{share.name:>11}: --gpu-memory-utilization {share.gpu_memory_utilization:.3f}"
+                f"{share.name:>{width}}: --gpu-memory-utilization"
+                f" {share.gpu_memory_utilization:.3f}"
                 f" = {share.budget_gib:.1f} GiB (weights {share.weights_gib:.1f}"
                 f" + overhead {share.overhead_gib:.1f} + KV {share.kv_cache_gib:.1f}{tokens})"
             )
         rows.append(f"unallocated: {self.unallocated_gib:.1f} GiB")
         return "\n".join(rows)
+
+
+def plan_servers(
+    gpu_gib: float,
+    target_gib: float,
+    servers: Sequence[Server],
+    *,
+    overhead_gib: float = DEFAULT_OVERHEAD_GIB,
+    reserve_gib: float = DEFAULT_RESERVE_GIB,
+    speculative_kv_share: float = DEFAULT_SPECULATIVE_KV_SHARE,
+    min_kv_gib: float = DEFAULT_MIN_KV_GIB,
+    target_kv_bytes_per_token: int | None = None,
+) -> GpuPlan:
+    """Split `gpu_gib` between `servers`, all loading the same `target_gib` target.
+
+    KV cache is what is left after every server's weights and overhead and a
+    reserve per process; each gets a part by weight (`speculative_kv_share` for
+    a speculative server, 1 - that for one without), none under `min_kv_gib`.
+    Each fraction is rounded DOWN to 0.001 so the budgets plus the reserves
+    never exceed the GPU, whatever the rounding; the KV cache figures are then
+    recomputed from the rounded fractions (what vLLM will actually get).
+    """
+    if gpu_gib <= 0 or target_gib <= 0:
+        raise SizingError("gpu_gib and target_gib must be > 0")
+    if not servers:
+        raise SizingError("no server to place")
+    drafts = [server.draft_gib for server in servers]
+    if min(*drafts, overhead_gib, reserve_gib, min_kv_gib) < 0:
+        raise SizingError("draft_gib, overhead_gib, reserve_gib and min_kv_gib must be >= 0")
+    if not 0.0 < speculative_kv_share < 1.0:
+        raise SizingError("speculative_kv_share must be strictly between 0 and 1")
+    n = len(servers)
+    fixed = [target_gib + server.draft_gib + overhead_gib for server in servers]
+    kv_total = gpu_gib - n * reserve_gib - sum(fixed)
+    if kv_total < n * min_kv_gib:
+        need = sum(fixed) + n * (reserve_gib + min_kv_gib)
+        raise SizingError(
+            f"does not fit: {_count(n)} need {need:.1f} GiB"
+            f" ({n}x{target_gib:.1f} target + {sum(drafts):.1f} draft + {n}x{overhead_gib:.1f}"
+            f" overhead + {n}x{reserve_gib:.1f} reserve + {n}x{min_kv_gib:.1f} KV) but the GPU"
+            f" has {gpu_gib:.1f} GiB; use a smaller or quantized model, fewer routes, or"
+            " more GPUs"
+        )
+    weights = [
+        speculative_kv_share if server.speculative else 1.0 - speculative_kv_share
+        for server in servers
+    ]
+    kv = _divide(kv_total, weights, min_kv_gib)
+
+    def share(server: Server, kv_gib: float) -> ServerShare:
+        weights_gib = target_gib + server.draft_gib
+        fraction = math.floor((weights_gib + overhead_gib + kv_gib) / gpu_gib * 1000) / 1000
+        kv_rounded = fraction * gpu_gib - weights_gib - overhead_gib
+        bpt = target_kv_bytes_per_token
+        if bpt and server.speculative:
+            # A draft model keeps its own KV cache in the same blocks (one token
+            # slot holds the target's and the draft's layers).
+            bpt += server.draft_kv_bytes_per_token or 0
+        return ServerShare(server.name, weights_gib, overhead_gib, kv_rounded, fraction, bpt)
+
+    shares = tuple(share(server, kv_gib) for server, kv_gib in zip(servers, kv, strict=True))
+    return GpuPlan(gpu_gib=gpu_gib, reserve_gib=reserve_gib, shares=shares)
+
+
+def _count(n: int) -> str:
+    return "two servers" if n == 2 else f"{n} servers" if n != 1 else "one server"
+
+
+def _divide(total: float, weights: Sequence[float], floor: float) -> list[float]:
+    """`total` in proportion to `weights`, each part at least `floor` (the parts
+    held at the floor leave the rest to the others, in proportion)."""
+    held: dict[int, float] = {}
+    while True:
+        free = [i for i in range(len(weights)) if i not in held]
+        rest = total - sum(held.values())
+        weight = sum(weights[i] for i in free)
+        parts = {i: rest * weights[i] / weight for i in free}
+        low = {i for i, part in parts.items() if part < floor}
+        if not low:
+            return [held.get(i, parts.get(i, 0.0)) for i in range(len(weights))]
+        held.update(dict.fromkeys(low, floor))
 
 
 def plan_split(
@@ -125,48 +248,23 @@ def plan_split(
     target_kv_bytes_per_token: int | None = None,
     draft_kv_bytes_per_token: int | None = None,
 ) -> SplitPlan:
-    """Split `gpu_gib` of GPU memory between the speculative and baseline servers.
-
-    Each fraction is rounded DOWN to 0.001 so the two budgets plus the reserves
-    never exceed the GPU, whatever the rounding; the KV cache figures are then
-    recomputed from the rounded fractions (what vLLM will actually get).
-    """
-    if gpu_gib <= 0 or target_gib <= 0:
-        raise SizingError("gpu_gib and target_gib must be > 0")
-    if min(draft_gib, overhead_gib, reserve_gib, min_kv_gib) < 0:
-        raise SizingError("draft_gib, overhead_gib, reserve_gib and min_kv_gib must be >= 0")
-    if not 0.0 < speculative_kv_share < 1.0:
-        raise SizingError("speculative_kv_share must be strictly between 0 and 1")
-    spec_fixed = target_gib + draft_gib + overhead_gib
-    base_fixed = target_gib + overhead_gib
-    kv_total = gpu_gib - 2 * reserve_gib - spec_fixed - base_fixed
-    if kv_total < 2 * min_kv_gib:
-        need = spec_fixed + base_fixed + 2 * reserve_gib + 2 * min_kv_gib
-        raise SizingError(
-            f"does not fit: two servers need {need:.1f} GiB"
-            f" (2x{target_gib:.1f} target + {draft_gib:.1f} draft + 2x{overhead_gib:.1f} overhead"
-            f" + 2x{reserve_gib:.1f} reserve + 2x{min_kv_gib:.1f} KV) but the GPU has"
-            f" {gpu_gib:.1f} GiB; use a smaller or quantized model, or two GPUs"
-        )
-    spec_kv = max(min_kv_gib, min(kv_total - min_kv_gib, kv_total * speculative_kv_share))
-    base_kv = kv_total - spec_kv
-    spec_kv_bpt = None
-    if target_kv_bytes_per_token:
-        # The draft model keeps its own KV cache in the same blocks (one token
-        # slot holds the target's and the draft's layers).
-        spec_kv_bpt = target_kv_bytes_per_token + (draft_kv_bytes_per_token or 0)
-
-    def share(name: str, weights: float, kv: float, bpt: int | None) -> ServerShare:
-        fraction = math.floor((weights + overhead_gib + kv) / gpu_gib * 1000) / 1000
-        kv_rounded = fraction * gpu_gib - weights - overhead_gib
-        return ServerShare(name, weights, overhead_gib, kv_rounded, fraction, bpt)
-
-    return SplitPlan(
-        gpu_gib=gpu_gib,
+    """Split `gpu_gib` of GPU memory between the speculative and baseline servers:
+    `plan_servers` for the pair, the speculative one first."""
+    plan = plan_servers(
+        gpu_gib,
+        target_gib,
+        (
+            Server("speculative", True, draft_gib, draft_kv_bytes_per_token),
+            Server("baseline"),
+        ),
+        overhead_gib=overhead_gib,
         reserve_gib=reserve_gib,
-        speculative=share("speculative", target_gib + draft_gib, spec_kv, spec_kv_bpt),
-        baseline=share("baseline", target_gib, base_kv, target_kv_bytes_per_token),
+        speculative_kv_share=speculative_kv_share,
+        min_kv_gib=min_kv_gib,
+        target_kv_bytes_per_token=target_kv_bytes_per_token,
     )
+    speculative, baseline = plan.shares
+    return SplitPlan(gpu_gib, reserve_gib, speculative, baseline)
 
 
 def weights_gib(model_dir: str | Path) -> float:
@@ -282,6 +380,53 @@ def examples_markdown() -> str:
     return "\n".join(lines)
 
 
+# Several speculation configurations of one target on one GPU: (GPU, target,
+# routes as (name, draft or None for no speculation)). n-gram and MTP load nothing
+# beside the target (NGRAM); EAGLE3 k=3 and k=7 each load the same head.
+ROUTE_EXAMPLES: tuple[tuple[str, Model, tuple[tuple[str, Model | None], ...]], ...] = (
+    ("H200", LLAMA_31_8B,
+     (("none", None), ("eagle3-k3", EAGLE3_LLAMA_8B), ("eagle3-k7", EAGLE3_LLAMA_8B),
+      ("ngram-k8", NGRAM))),
+    ("H200", QWEN3_8B, (("none", None), ("ngram-k2", NGRAM), ("draft-k4", QWEN3_06B))),
+    ("H100-80GB", LLAMA_31_8B,
+     (("none", None), ("ngram-k4", NGRAM), ("eagle3-k3", EAGLE3_LLAMA_8B))),
+    ("L40S", LLAMA_31_8B,
+     (("none", None), ("ngram-k4", NGRAM), ("eagle3-k3", EAGLE3_LLAMA_8B))),
+)  # fmt: skip
+
+
+def plan_route_example(
+    gpu: str, target: Model, routes: Sequence[tuple[str, Model | None]]
+) -> GpuPlan:
+    servers = [
+        Server(name, draft is not None, draft.weights_gib if draft else 0.0,
+               draft.kv_bytes_per_token if draft else None)
+        for name, draft in routes
+    ]  # fmt: skip
+    return plan_servers(
+        GPUS[gpu], target.weights_gib, servers, target_kv_bytes_per_token=target.kv_bytes_per_token
+    )
+
+
+def route_examples_markdown() -> str:
+    """The N-route example table of deploy/README.md (a test checks they agree)."""
+    lines = [
+        "| GPU | target | routes | gpu-memory-utilization | KV tokens |",
+        "|---|---|---|---|---|",
+    ]
+    for gpu, target, routes in ROUTE_EXAMPLES:
+        head = f"| {gpu} ({GPUS[gpu]} GiB) | {target.name} | {', '.join(n for n, _ in routes)}"
+        try:
+            plan = plan_route_example(gpu, target, routes)
+        except SizingError:
+            lines.append(f"{head} | does not fit | - |")
+            continue
+        utils = " / ".join(f"{share.gpu_memory_utilization:.3f}" for share in plan.shares)
+        tokens = " / ".join(f"{share.kv_tokens:,}" for share in plan.shares)
+        lines.append(f"{head} | {utils} | {tokens} |")
+    return "\n".join(lines)
+
+
 # ---- command line -------------------------------------------------------------
 
 
@@ -303,11 +448,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speculative-kv-share", type=float, default=DEFAULT_SPECULATIVE_KV_SHARE)
     p.add_argument("--min-kv-gib", type=float, default=DEFAULT_MIN_KV_GIB)
     p.add_argument("--format", choices=("table", "shell", "json"), default="table")
-    p.add_argument("--examples", action="store_true", help="print the README's example table")
+    p.add_argument("--examples", action="store_true", help="print the README's example tables")
     args = p.parse_args(argv)
 
     if args.examples:
         print(examples_markdown())
+        print()
+        print(route_examples_markdown())
         return 0
     try:
         if args.gpu_gib is None and args.gpu_mib is None:

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The GPU check: start the vLLM pair on one GPU, put the gateway in front,
-# run `specroute bench` on the built-in mix at concurrency 1 and 16 through
-# the baseline, the speculative server and the gateway, and keep everything
-# (bench JSON + plot, logs, metric scrapes, versions) in one folder.
+# The GPU check: start the vLLM servers (the pair, or one per --route) on the
+# GPU(s), put the gateway in front, run `specroute bench` on the built-in mix at
+# concurrency 1 and 16 through every route's server and the gateway, and keep
+# everything (bench JSON + plot, logs, metric scrapes, versions) in one folder.
 #
 #   deploy/gpu/validate.sh --model DIR [--draft DIR] [--out DIR]
 #       [--workload mixed] [--concurrency 1,16] [--gateway-port P]
 #       [--budget S] [LAUNCH_OPTIONS...]
 #
-# LAUNCH_OPTIONS go to deploy/gpu/launch.sh unchanged (--spec, --spec-port,
-# --base-port, --gpu-mib, --max-model-len, `-- EXTRA_VLLM_ARGS`, ...).
+# LAUNCH_OPTIONS go to deploy/gpu/launch.sh unchanged (--route none --route
+# ngram:2 ..., --gpus, --spec, --spec-port, --base-port, --gpu-mib,
+# --max-model-len, `-- EXTRA_VLLM_ARGS`, ...).
 # Needs: a GPU, vLLM (GPU build) on PATH or in $VLLM, the model folders on
 # local disk, specroute installed (`specroute` on PATH, $SPECROUTE, or the
 # repo's .venv). Uses no network (HF_HUB_OFFLINE=1).
@@ -17,11 +18,12 @@
 # Wall time: at most --budget seconds (default 570, inside 10 minutes). Each
 # server gets at most a third of it to become ready, the bench gets the rest
 # minus a minute for scrapes and shutdown. Exit status: the bench's (124 if
-# it ran out of time), or non-zero if the pair or the gateway did not start.
+# it ran out of time), or non-zero if a server or the gateway did not start.
 #
 # The bench interface it uses (written before `specroute bench` existed):
 #   specroute bench --target baseline=URL --target speculative=URL
 #       --target gateway=URL --workload mixed --concurrency 1,16
+#   (one --target NAME=URL per route, in launch.sh's order, then the gateway)
 #       --json OUT/bench.json --plot OUT/bench.png
 # Extra bench flags: BENCH_ARGS="..." in the environment.
 #
@@ -30,8 +32,8 @@
 #   summary.txt                      what ran, timings, exit codes
 #   env.txt                          nvidia-smi, vLLM and specroute versions
 #   launch.log run/*.log             launch.sh (with the memory split) and vLLM logs
-#   gateway.log                      the gateway's JSON request log
-#   metrics/{before,after}-*.txt     /metrics of the three, around the bench
+#   run/gateway.toml gateway.log     the gateway's [routes.*] config, its JSON log
+#   metrics/{before,after}-*.txt     /metrics of the gateway and each route's server
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -42,9 +44,6 @@ workload="mixed"
 concurrency="1,16"
 gateway_port=8080
 budget=570
-spec_port=8001
-base_port=8002
-host="127.0.0.1"
 launch_args=()
 user_timeout=0
 
@@ -60,9 +59,6 @@ while [[ $# -gt 0 ]]; do
         --gateway-port) gateway_port="${2:?--gateway-port needs a value}"; shift 2 ;;
         --budget) budget="${2:?--budget needs a value}"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        --spec-port) spec_port="${2:?}"; launch_args+=("$1" "$2"); shift 2 ;;
-        --base-port) base_port="${2:?}"; launch_args+=("$1" "$2"); shift 2 ;;
-        --host) host="${2:?}"; launch_args+=("$1" "$2"); shift 2 ;;
         --timeout) user_timeout=1; launch_args+=("$1" "${2:?}"); shift 2 ;;
         --) launch_args+=("$@"); break ;;
         *) launch_args+=("$1"); shift ;;
@@ -120,26 +116,27 @@ note "specroute GPU check $(date -u +%Y-%m-%dT%H:%M:%SZ), output in $out"
     echo
 } >"$out/env.txt" 2>&1
 
-# 1. The pair (staggered start inside launch.sh).
+# 1. The servers (staggered start inside launch.sh).
 server_timeout=$((budget / 3))
 (( user_timeout )) || launch_args+=(--timeout "$server_timeout")
-log "starting the vLLM pair (launch.log)"
+log "starting the vLLM servers (launch.log)"
 t0=$SECONDS
 if ! bash "$here/launch.sh" --run-dir "$out/run" "${launch_args[@]}" \
         >"$out/backends.txt" 2>"$out/launch.log"; then
     tail -n 60 "$out/launch.log" >&2
-    die "the vLLM pair did not start (see $out/launch.log)"
+    die "the vLLM servers did not start (see $out/launch.log)"
 fi
-note "pair ready after $((SECONDS - t0)) s: $(tr '\n' ' ' <"$out/backends.txt")"
-spec_url="http://$host:$spec_port"
-base_url="http://$host:$base_port"
+note "servers ready after $((SECONDS - t0)) s: $(tr '\n' ' ' <"$out/backends.txt")"
+routes=() urls=()
+while IFS='=' read -r name url; do routes+=("$name"); urls+=("$url"); done <"$out/backends.txt"
+(( ${#routes[@]} > 0 )) || die "launch.sh named no route"
 gateway_url="http://127.0.0.1:$gateway_port"
 
-# 2. The gateway, with its defaults and the two backends (run from the output
-# folder so that no config.toml of the current directory is picked up).
+# 2. The gateway on launch.sh's [routes.*] config (run from the output folder so
+# that no config.toml of the current directory is picked up).
 log "starting the gateway on $gateway_url (gateway.log)"
-(cd "$out" && exec "${specroute_cmd[@]}" serve --host 127.0.0.1 --port "$gateway_port" \
-    --backend "speculative=$spec_url" --backend "baseline=$base_url") \
+(cd "$out" && exec "${specroute_cmd[@]}" serve --config "$out/run/gateway.toml" \
+    --host 127.0.0.1 --port "$gateway_port") \
     >"$out/gateway.log" 2>&1 &
 gateway_pid=$!
 t0=$SECONDS
@@ -151,15 +148,12 @@ done
 note "gateway ready after $((SECONDS - t0)) s"
 
 scrape() {
-    local when=$1 name url
-    for name in gateway speculative baseline; do
-        case "$name" in
-            gateway) url="$gateway_url" ;;
-            speculative) url="$spec_url" ;;
-            baseline) url="$base_url" ;;
-        esac
-        curl -fsS --max-time 5 "$url/metrics" >"$out/metrics/$when-$name.txt" 2>/dev/null \
-            || log "could not scrape $name /metrics"
+    local when=$1 i
+    curl -fsS --max-time 5 "$gateway_url/metrics" >"$out/metrics/$when-gateway.txt" 2>/dev/null \
+        || log "could not scrape the gateway's /metrics"
+    for i in "${!routes[@]}"; do
+        curl -fsS --max-time 5 "${urls[$i]}/metrics" >"$out/metrics/$when-${routes[$i]}.txt" \
+            2>/dev/null || log "could not scrape ${routes[$i]} /metrics"
     done
 }
 scrape before
@@ -168,8 +162,9 @@ scrape before
 bench_timeout=$((deadline - SECONDS - 60))
 (( bench_timeout >= 30 )) || die "only ${bench_timeout} s left for the bench: raise --budget"
 read -r -a bench_extra <<<"${BENCH_ARGS:-}"
-bench=("${specroute_cmd[@]}" bench
-    --target "baseline=$base_url" --target "speculative=$spec_url" --target "gateway=$gateway_url"
+targets=()
+for i in "${!routes[@]}"; do targets+=(--target "${routes[$i]}=${urls[$i]}"); done
+bench=("${specroute_cmd[@]}" bench "${targets[@]}" --target "gateway=$gateway_url"
     --workload "$workload" --concurrency "$concurrency"
     --json "$out/bench.json" --plot "$out/bench.png"
     ${bench_extra[@]+"${bench_extra[@]}"})

@@ -48,7 +48,7 @@ def main() -> int:
     time.sleep(float(os.environ.get("FAKE_VLLM_STARTUP_S", "0")))  # loading a model, on purpose
     record = {
         "argv": sys.argv[1:],
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "HF_"))},
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "HF_", "CUDA_"))},
         "started": started,
         "ready": time.time(),
     }

@@ -8,16 +8,19 @@ the output folder of the GPU check. shellcheck runs on every script."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from deploy.gpu.sizing import GIB, plan_split
+from deploy.gpu.sizing import GIB, Server, plan_servers, plan_split
 from tests.deploy.conftest import DEPLOY, ROOT, run
 from tests.support import require_tool
 
@@ -287,7 +290,7 @@ def test_validate_runs_the_whole_gpu_check(
     after = (out / "metrics" / "after-gateway.txt").read_text()
     assert "specroute_requests_total{" in after
     summary = (out / "summary.txt").read_text()
-    assert "pair ready after" in summary and "exit status 0" in summary
+    assert "servers ready after" in summary and "exit status 0" in summary
     assert "0.32.0 (fake_vllm for tests)" in (out / "env.txt").read_text()
     # Everything it started is gone.
     for port in (spec_port, base_port, gw_port):
@@ -309,3 +312,105 @@ def test_validate_help_documents_itself() -> None:
     )
     assert res.returncode == 0
     assert "specroute bench --target baseline=URL" in res.stderr
+
+
+def _launch(
+    args: list[str], env: dict[str, str], run_dir: Path
+) -> subprocess.CompletedProcess[str]:
+    cmd = ["bash", str(GPU / "launch.sh"), *args, "--run-dir", str(run_dir), "--timeout", "30"]
+    return run(cmd, timeout=90, env=env)
+
+
+def test_launch_three_routes_on_one_gpu_one_after_another(
+    tmp_path: Path, models: tuple[Path, Path], env: dict[str, str]
+) -> None:
+    """--route x3: one server per route on one GPU, each started once the previous
+    answers, sized together; the gateway's config names them as [routes.NAME]."""
+    target, draft = models
+    ports = _free_ports(3)
+    run_dir = tmp_path / "run"
+    routes = ["none", "ngram:2", f"eagle3:3@{draft}"]
+    args = ["--model", str(target), "--ports", ",".join(map(str, ports)), "--gpu-mib", H200_MIB]
+    for route in routes:
+        args += ["--route", route]
+    res = _launch(args, env, run_dir)
+    try:
+        assert res.returncode == 0, res.stderr
+        names = ["none", "ngram-k2", "eagle3-k3"]
+        assert res.stdout.splitlines() == [
+            f"{name}=http://127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)
+        ]
+        records = [_records(env, port) for port in ports]
+        argv = [cast(list[str], rec["argv"]) for rec in records]
+        # One GPU: one at a time, in order.
+        for before, after in itertools.pairwise(records):
+            assert after["started"] >= before["ready"]  # type: ignore[operator]
+        # The split is plan_servers' for these three on this GPU.
+        plan = plan_servers(
+            int(H200_MIB) / 1024,
+            15,
+            [Server("none"), Server("ngram-k2", True), Server("eagle3-k3", True, 2)],
+        )
+        utils = [float(_flag(a, "--gpu-memory-utilization")) for a in argv]
+        assert utils == [share.gpu_memory_utilization for share in plan.shares]
+        assert "--speculative-config" not in argv[0]
+        configs = [json.loads(_flag(a, "--speculative-config")) for a in argv[1:]]
+        assert configs == [
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4,
+             "prompt_lookup_min": 2},
+            {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3},
+        ]  # fmt: skip
+        assert all(rec["env"]["CUDA_VISIBLE_DEVICES"] == "0" for rec in records)  # type: ignore[index]
+        toml = tomllib.loads((run_dir / "gateway.toml").read_text())
+        assert list(toml["routes"]) == names
+        assert toml["routes"]["ngram-k2"] == {
+            "urls": [f"http://127.0.0.1:{ports[1]}"], "method": "ngram",
+            "num_speculative_tokens": 2,
+        }  # fmt: skip
+        assert toml["routes"]["none"]["method"] == "none"
+    finally:
+        down = run(["bash", str(GPU / "down.sh"), "--run-dir", str(run_dir)], timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert not any(_port_open(port) for port in ports)
+    assert not list(run_dir.glob("*.pid"))
+
+
+def test_launch_one_route_per_gpu_starts_them_together(
+    tmp_path: Path, models: tuple[Path, Path], env: dict[str, str]
+) -> None:
+    target, _ = models
+    a, b = _free_ports(2)
+    args = ["--model", str(target), "--route", "none", "--route", "ngram:8", "--gpus", "0,1",
+            "--ports", f"{a},{b}", "--gpu-mib", H200_MIB]  # fmt: skip
+    res = _launch(args, env, tmp_path / "run")
+    try:
+        assert res.returncode == 0, res.stderr
+        first, second = _records(env, a), _records(env, b)
+        # A GPU each: no wait for the other.
+        assert second["started"] < first["ready"]  # type: ignore[operator]
+        assert first["env"]["CUDA_VISIBLE_DEVICES"] == "0"  # type: ignore[index]
+        assert second["env"]["CUDA_VISIBLE_DEVICES"] == "1"  # type: ignore[index]
+        alone = plan_servers(int(H200_MIB) / 1024, 15, [Server("one")]).shares[0]
+        for rec in (first, second):
+            util = float(_flag(rec["argv"], "--gpu-memory-utilization"))  # type: ignore[arg-type]
+            assert util == alone.gpu_memory_utilization
+    finally:
+        run(["bash", str(GPU / "down.sh"), "--run-dir", str(tmp_path / "run")], timeout=60)
+
+
+def test_launch_refuses_routes_that_do_not_fit_or_repeat(
+    tmp_path: Path, models: tuple[Path, Path], env: dict[str, str]
+) -> None:
+    target, _ = models
+    base = ["bash", str(GPU / "launch.sh"), "--model", str(target), "--gpu-mib", H200_MIB]
+    # Eight 15 GiB targets with their overheads, reserves and KV cache exceed an H200.
+    many = [arg for k in range(1, 9) for arg in ("--route", f"ngram:{k}")]
+    res = run([*base, *many], timeout=30, env=env, cwd=tmp_path)
+    assert res.returncode != 0 and "does not fit" in res.stderr
+    res = run(
+        [*base, "--route", "ngram:2", "--route", "ngram:2"], timeout=30, env=env, cwd=tmp_path
+    )
+    assert res.returncode != 0 and "repeat" in res.stderr
+    res = run([*base, "--route", "eagle3:3"], timeout=30, env=env, cwd=tmp_path)
+    assert res.returncode != 0 and "needs a draft folder" in res.stderr
+    assert not list(Path(env["FAKE_VLLM_RECORD_DIR"]).iterdir())

@@ -157,3 +157,48 @@ def test_command_line_shell_output_is_what_launch_sh_reads(tmp_path: Path) -> No
     res = run([sys.executable, script, "--gpu-gib", "22", "--target-gib", "15"], cwd=ROOT)
     assert res.returncode == 2
     assert "does not fit" in res.stderr
+
+
+def test_n_servers_share_one_gpu_by_weight() -> None:
+    servers = [
+        sizing.Server("none"),
+        sizing.Server("eagle3-k3", True, 0.8),
+        sizing.Server("eagle3-k7", True, 0.8),
+        sizing.Server("ngram-k8", True),
+    ]
+    plan = sizing.plan_servers(140.4, 14.96, servers)
+    assert [s.name for s in plan.shares] == ["none", "eagle3-k3", "eagle3-k7", "ngram-k8"]
+    assert sum(s.budget_gib for s in plan.shares) + 4 * plan.reserve_gib <= plan.gpu_gib
+    kv = [s.kv_cache_gib for s in plan.shares]
+    # 0.6 : 0.4 : 0.4 : 0.4 of the KV memory (less each fraction's rounding down).
+    assert kv[0] / kv[3] == pytest.approx(1.5, abs=0.01)
+    assert kv[1] == pytest.approx(kv[2])
+    assert plan.shares[1].weights_gib == pytest.approx(15.76)
+
+
+def test_the_pair_is_plan_servers_of_two() -> None:
+    pair = plan_split(140.4, 14.96, 2.30)
+    servers = [sizing.Server("speculative", True, 2.30), sizing.Server("baseline")]
+    assert (pair.speculative, pair.baseline) == sizing.plan_servers(140.4, 14.96, servers).shares
+
+
+def test_one_server_alone_gets_the_gpu_less_its_reserve() -> None:
+    (alone,) = sizing.plan_servers(80.0, 14.96, [sizing.Server("none")]).shares
+    assert alone.gpu_memory_utilization == math.floor((80.0 - 1.0) / 80.0 * 1000) / 1000
+
+
+def test_the_floor_holds_for_n_servers() -> None:
+    servers = [sizing.Server("a"), *(sizing.Server(f"s{i}", True) for i in range(3))]
+    plan = sizing.plan_servers(100.0, 14.96, servers, speculative_kv_share=0.01, min_kv_gib=2.0)
+    assert min(s.kv_cache_gib for s in plan.shares) >= 1.9  # 2 GiB less the rounding
+    assert plan.shares[0].kv_cache_gib > 15
+    with pytest.raises(SizingError, match="4 servers"):
+        sizing.plan_servers(60.0, 14.96, servers)
+
+
+def test_every_route_example_is_in_the_readme() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    table = sizing.route_examples_markdown()
+    for line in table.splitlines():
+        assert line in readme, f"deploy/README.md lacks the sizing row: {line}"
+    assert "does not fit" in table
