@@ -5,8 +5,9 @@ From a checkout only: it runs the bootstraps that ship in deploy/envoy/. `render
 takes one (deploy/envoy/*.yaml) and moves its addresses to the caller's: every socket
 address whose port is one of the file's well-known ports (8001 speculative, 8002
 baseline, 9002 picker, 8080 listener, 9901 admin) gets the caller's port, so the file
-under test is the one that ships. `chat`, `metric` and `emulator_state` are what a
-client of that stack sends and reads.
+under test is the one that ships. `render_routes` makes the pool bootstrap's N-route
+form (deploy/envoy/render.py's `pool_routes`: one cluster per route). `chat`,
+`metric` and `emulator_state` are what a client of that stack sends and reads.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from deploy.envoy.render import LISTENER as LISTENER
 from deploy.envoy.render import PICKER as PICKER
 from deploy.envoy.render import POOL_BOOTSTRAP as POOL_BOOTSTRAP
 from deploy.envoy.render import SPECULATIVE as SPECULATIVE
-from deploy.envoy.render import readdress
+from deploy.envoy.render import pool_routes, readdress
 from tooling.local_stack import MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,19 @@ def render_pool(
     ports = {SPECULATIVE: speculative, BASELINE: baseline, PICKER: picker,
              LISTENER: listener, ADMIN: admin}  # fmt: skip
     return render(POOL_BOOTSTRAP, ports, out)
+
+
+def render_routes(
+    out: Path, routes: Mapping[str, int], *, default: str, picker: int, listener: int, admin: int
+) -> Path:
+    """deploy/envoy/envoy.yaml (pool mode) for N routes (name -> its one server's
+    127.0.0.1 port), requests without a route header on `default`, written to `out`."""
+    ports = {PICKER: picker, LISTENER: listener, ADMIN: admin}
+    config = readdress(yaml.safe_load(POOL_BOOTSTRAP.read_text()),
+                       {port: ("127.0.0.1", ours) for port, ours in ports.items()})  # fmt: skip
+    servers = {name: [("127.0.0.1", port)] for name, port in routes.items()}
+    out.write_text(json.dumps(pool_routes(config, servers, default)))
+    return out
 
 
 def envoy_command(config: Path, *extra: str) -> list[str]:

@@ -1,21 +1,35 @@
-"""Moves the addresses of a shipped Envoy bootstrap (deploy/envoy/*.yaml) elsewhere, and
-writes deploy/compose/envoy.yaml: deploy/envoy/envoy.yaml with the compose services'
-names. Edit deploy/envoy/envoy.yaml, run this, commit both (tests/deploy checks that
-they agree):
+"""Moves the addresses of a shipped Envoy bootstrap (deploy/envoy/*.yaml) elsewhere,
+writes deploy/compose/envoy.yaml (deploy/envoy/envoy.yaml with the compose services'
+names), and renders the pool bootstrap for N routes. Edit deploy/envoy/envoy.yaml,
+run this, commit both (tests/deploy checks that they agree):
 
     python3 deploy/envoy/render.py
+    python3 deploy/envoy/render.py --config run/gateway.toml --out envoy-routes.yaml
 
 The bootstraps name their addresses by well-known ports: 8001 the speculative server,
 8002 the baseline, 9002 the picker's gRPC, 8080 the listener, 9901 the admin.
 tests/extproc moves the same ports to the tests' own (`readdress`).
+
+N routes (`pool_routes`, or `--config` with a gateway config's [routes.NAME]
+tables): deploy/envoy/envoy.yaml's pool bootstrap with one cluster per route, named
+as the route (the picker's x-specroute-route header value), each holding its own
+servers at priority 0 and every other route's at priority 1 (the same model answers
+on all: a retry or an ejection fails over to the others), one header match per
+route, and the requests without the header (a path the picker does not route, or
+the picker down: fail open) on the default route (the first route without
+speculation, else the first).
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import sys
-from collections.abc import Iterator, Mapping
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -80,6 +94,118 @@ def compose_bootstrap() -> str:
     return _HEADER + body
 
 
+Address = tuple[str, int]
+ROUTE_HEADER = "x-specroute-route"
+
+
+def pool_routes(
+    config: dict[str, Any], routes: Mapping[str, Sequence[Address]], default: str
+) -> dict[str, Any]:
+    """The pool bootstrap `config` (deploy/envoy/envoy.yaml, loaded) for `routes`
+    (name -> its servers, in order), requests without a route header on `default`.
+    The first header-matched route entry and its cluster are the pattern of every
+    route's (timeouts, retry policy, outlier detection, health checks)."""
+    if not routes:
+        raise ValueError("no route")
+    if default not in routes:
+        raise ValueError(f"default route {default!r} is not one of {list(routes)}")
+    resources = config["static_resources"]
+    (vhost,) = resources["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
+        "route_config"
+    ]["virtual_hosts"]
+    pattern = next(entry for entry in vhost["routes"] if entry["match"].get("headers"))
+    clusters = {c["name"]: c for c in resources["clusters"]}
+    cluster_pattern = clusters[pattern["route"]["cluster"]]
+    routed = {entry["route"]["cluster"] for entry in vhost["routes"]}  # the pair's
+    entries = []
+    for name in routes:
+        entry = copy.deepcopy(pattern)
+        entry["match"]["headers"] = [{"name": ROUTE_HEADER, "string_match": {"exact": name}}]
+        entry["route"]["cluster"] = name
+        entries.append(entry)
+    fallback = copy.deepcopy(pattern)
+    del fallback["match"]["headers"]
+    fallback["route"]["cluster"] = default
+    vhost["routes"] = [*entries, fallback]
+    pool = []
+    for name, servers in routes.items():
+        cluster = copy.deepcopy(cluster_pattern)
+        cluster["name"] = cluster["load_assignment"]["cluster_name"] = name
+        others = [a for other, addresses in routes.items() if other != name for a in addresses]
+        levels = [servers, others] if others else [servers]
+        cluster["load_assignment"]["endpoints"] = [
+            {"priority": priority, "lb_endpoints": [_endpoint(a) for a in addresses]}
+            for priority, addresses in enumerate(levels)
+        ]
+        pool.append(cluster)
+    kept = [cluster for name, cluster in clusters.items() if name not in routed]  # the picker
+    if set(routes) & {cluster["name"] for cluster in kept}:
+        raise ValueError(f"a route may not be named as a cluster of {sorted(clusters)}")
+    resources["clusters"] = [*pool, *kept]
+    return config
+
+
+def _endpoint(address: Address) -> dict[str, Any]:
+    host, port = address
+    return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
+
+
+def routes_of(gateway_config: Mapping[str, Any]) -> tuple[dict[str, list[Address]], str]:
+    """A gateway config's [routes.NAME] tables (loaded TOML): each route's servers as
+    (host, port), and the default route (the first with method "none", else the first)."""
+    tables = gateway_config.get("routes")
+    if not isinstance(tables, dict) or not tables:
+        raise ValueError("the config has no [routes.NAME] tables")
+    routes = {name: [_address(url) for url in table["urls"]] for name, table in tables.items()}
+    plain = [name for name, table in tables.items() if table.get("method", "none") == "none"]
+    return routes, (plain or list(tables))[0]
+
+
+def _address(url: str) -> Address:
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise ValueError(f"{url!r}: not a URL")
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def render_routes(gateway_config: Path, picker: Address | None = None) -> str:
+    """deploy/envoy/envoy.yaml for the routes of `gateway_config` (its [routes.NAME]),
+    the picker at `picker` (default 127.0.0.1:9002), as YAML."""
+    routes, default = routes_of(tomllib.loads(gateway_config.read_text()))
+    config = yaml.safe_load(POOL_BOOTSTRAP.read_text())
+    if picker is not None:
+        readdress(config, {PICKER: picker})
+    pool_routes(config, routes, default)
+    readdress(config, {})  # a route named by a host name: STRICT_DNS
+    header = (
+        f"# GENERATED by deploy/envoy/render.py from {POOL_BOOTSTRAP.name} and {gateway_config}\n"
+    )
+    return header + yaml.dump(config, Dumper=_NoAliases, sort_keys=False, width=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="render.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--config", type=Path, help="a gateway config with [routes.NAME] tables")
+    p.add_argument("--picker", help="HOST:PORT of `specroute ext-proc` (default 127.0.0.1:9002)")
+    p.add_argument("--out", type=Path, help="where to write it (default: stdout)")
+    args = p.parse_args(argv)
+    if args.config is None:
+        COMPOSE_BOOTSTRAP.write_text(compose_bootstrap())
+        print(f"wrote {COMPOSE_BOOTSTRAP}", file=sys.stderr)
+        return 0
+    picker = None
+    if args.picker:
+        host, _, port = args.picker.rpartition(":")
+        picker = (host, int(port))
+    text = render_routes(args.config, picker)
+    if args.out is None:
+        print(text, end="")
+    else:
+        args.out.write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 if __name__ == "__main__":
-    COMPOSE_BOOTSTRAP.write_text(compose_bootstrap())
-    print(f"wrote {COMPOSE_BOOTSTRAP}", file=sys.stderr)
+    sys.exit(main())

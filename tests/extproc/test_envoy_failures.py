@@ -56,7 +56,7 @@ async def test_a_client_that_goes_away_releases_its_count_and_the_server_aborts(
     state = await wait_until(
         lambda: _aborted(stack.spec_url), "the server aborted the generation", timeout_s=5
     )
-    assert state["running"] == 0
+    assert state is not None and state["running"] == 0
 
 
 async def _aborted(url: str) -> dict[str, object] | None:
