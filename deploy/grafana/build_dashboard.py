@@ -8,9 +8,11 @@ file, run it, commit both (tests/deploy checks that they agree):
 
 Only metrics that exist today: the gateway's specroute_* and vLLM's current
 (v1 engine) names; not the deprecated ones vLLM's own example dashboard still
-shows. vLLM targets carry a `route` label (speculative|baseline) set by the
-Prometheus scrape config. Panels for metrics that do not exist yet are listed
-under "TODO" in deploy/README.md.
+shows. vLLM targets carry a `route` label (the route's name: speculative and
+baseline for the pair; none, ngram-k2, eagle3-k3, ... for N routes) set by the
+Prometheus scrape config. No panel names a route: they group by `route`, and a
+route speculates when its vLLM server exports the spec_decode counters (SPECULATES).
+Panels for metrics that do not exist yet are listed under "TODO" in deploy/README.md.
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ UID = "specroute-overview"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RI = "$__rate_interval"
 WL = 'workload=~"$workload"'
-SPEC = 'route="speculative"'
+# The routes whose vLLM servers speculate: only those export vLLM's spec_decode
+# counters (deploy/cpu/fixtures: metrics_baseline.txt has none).
+SPECULATES = "group by (route) (vllm:spec_decode_num_drafts_total)"
+
+
+def median_tpot() -> str:
+    """Median time per output token by workload and route, summed over replicas."""
+    return (
+        "histogram_quantile(0.5, sum by (workload, route, le) (rate("
+        f"specroute_time_per_output_token_seconds_bucket{{{WL}}}[{RI}])))"
+    )
 
 
 def q(expr: str, legend: str = "") -> dict[str, Any]:
@@ -46,15 +58,15 @@ def quantiles(metric: str, by: str, sel: str, qs: tuple[float, ...] = (0.5, 0.95
 
 def acceptance(by: str) -> str:
     return (
-        f"sum by ({by}) (rate(vllm:spec_decode_num_accepted_tokens_total{{{SPEC}}}[{RI}]))"
-        f" / sum by ({by}) (rate(vllm:spec_decode_num_draft_tokens_total{{{SPEC}}}[{RI}]))"
+        f"sum by ({by}) (rate(vllm:spec_decode_num_accepted_tokens_total[{RI}]))"
+        f" / sum by ({by}) (rate(vllm:spec_decode_num_draft_tokens_total[{RI}]))"
     )
 
 
 def mean_acceptance_length(by: str) -> str:
     return (
-        f"1 + sum by ({by}) (rate(vllm:spec_decode_num_accepted_tokens_total{{{SPEC}}}[{RI}]))"
-        f" / sum by ({by}) (rate(vllm:spec_decode_num_drafts_total{{{SPEC}}}[{RI}]))"
+        f"1 + sum by ({by}) (rate(vllm:spec_decode_num_accepted_tokens_total[{RI}]))"
+        f" / sum by ({by}) (rate(vllm:spec_decode_num_drafts_total[{RI}]))"
     )
 
 
@@ -84,18 +96,18 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Requests answered by the gateway, all replicas.",
             ),
             (
-                "Sent to speculative",
+                "Route mix",
                 "stat",
                 "percentunit",
                 4,
                 [
                     q(
-                        f"sum(rate(specroute_requests_total{{{SPEC}}}[{RI}]))"
-                        f" / sum(rate(specroute_requests_total[{RI}]))",
-                        "speculative share",
+                        f"sum by (route) (rate(specroute_requests_total[{RI}]))"
+                        f" / scalar(sum(rate(specroute_requests_total[{RI}])))",
+                        "{{route}}",
                     )
                 ],
-                "Share of requests the router sent to the speculative server.",
+                "Share of requests each route answered.",
             ),
             (
                 "Server errors",
@@ -127,15 +139,15 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "stat",
                 "percentunit",
                 4,
-                [q(acceptance("route"), "acceptance")],
-                "vLLM: accepted / proposed draft tokens on the speculative server.",
+                [q(acceptance("route"), "{{route}}")],
+                "vLLM: accepted / proposed draft tokens, per speculative route.",
             ),
             (
                 "Mean acceptance length",
                 "stat",
                 "short",
                 4,
-                [q(mean_acceptance_length("route"), "tokens per step")],
+                [q(mean_acceptance_length("route"), "{{route}}")],
                 "vLLM: 1 + accepted tokens per draft = tokens the target emits per step.",
             ),
         ],
@@ -236,22 +248,21 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "p50 and p95 request duration per workload and route.",
             ),
             (
-                "Speculation speedup by workload (median TPOT baseline / speculative)",
+                "Speculation speedup by workload and route (median TPOT without / with)",
                 "timeseries",
                 "short",
                 12,
                 [
                     q(
-                        "histogram_quantile(0.5, sum by (workload, le) (rate("
-                        "specroute_time_per_output_token_seconds_bucket"
-                        f'{{route="baseline", {WL}}}[{RI}])))'
-                        " / histogram_quantile(0.5, sum by (workload, le) (rate("
-                        f"specroute_time_per_output_token_seconds_bucket{{{SPEC}, {WL}}}[{RI}])))",
-                        "{{workload}}",
+                        f"min by (workload) ({median_tpot()} unless on (route) {SPECULATES})"
+                        f" / on (workload) group_right () ({median_tpot()}"
+                        f" and on (route) {SPECULATES})",
+                        "{{workload}} {{route}}",
                     )
                 ],
-                "Above 1: speculation decodes faster for that workload. Needs traffic on both "
-                "routes in the workload (the baseline sees exploration and overflow).",
+                "The fastest route without speculation's median time per output token over each "
+                "speculative route's, per workload. Above 1: that route decodes faster. Needs "
+                "traffic on both in the workload (plain decoding sees exploration and overflow).",
             ),
             (
                 "Output tokens/s by workload",
@@ -277,7 +288,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "timeseries",
                 "percentunit",
                 6,
-                [q(acceptance("route, instance"), "{{instance}}")],
+                [q(acceptance("route, instance"), "{{route}} {{instance}}")],
                 "rate(accepted tokens) / rate(draft tokens), per speculative vLLM server.",
             ),
             (
@@ -285,7 +296,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "timeseries",
                 "short",
                 6,
-                [q(mean_acceptance_length("route, instance"), "{{instance}}")],
+                [q(mean_acceptance_length("route, instance"), "{{route}} {{instance}}")],
                 "1 + rate(accepted tokens) / rate(drafts): tokens emitted per target step.",
             ),
             (
@@ -295,10 +306,11 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 6,
                 [
                     q(
-                        "sum by (position) (rate("
-                        f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{{SPEC}}}[{RI}]))"
-                        f" / scalar(sum(rate(vllm:spec_decode_num_drafts_total{{{SPEC}}}[{RI}])))",
-                        "position {{position}}",
+                        "sum by (route, position) (rate("
+                        f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{RI}]))"
+                        " / on (route) group_left"
+                        f" sum by (route) (rate(vllm:spec_decode_num_drafts_total[{RI}]))",
+                        "{{route}} position {{position}}",
                     )
                 ],
                 "Share of drafts whose token at this position was accepted.",
@@ -310,12 +322,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 6,
                 [
                     q(
-                        f"sum(rate(vllm:spec_decode_num_draft_tokens_total{{{SPEC}}}[{RI}]))",
-                        "proposed",
+                        f"sum by (route) (rate(vllm:spec_decode_num_draft_tokens_total[{RI}]))",
+                        "proposed {{route}}",
                     ),
                     q(
-                        f"sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{SPEC}}}[{RI}]))",
-                        "accepted",
+                        f"sum by (route) (rate(vllm:spec_decode_num_accepted_tokens_total[{RI}]))",
+                        "accepted {{route}}",
                     ),
                 ],
                 "Draft tokens proposed and accepted per second.",
@@ -348,7 +360,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 6,
                 [q("max by (route) (vllm:kv_cache_usage_perc)", "{{route}}")],
                 "Share of the KV cache in use; above routing.guards.spec_max_kv_usage the "
-                "gateway stops sending to the speculative server.",
+                "gateway stops sending to that speculative route.",
             ),
             (
                 "Gateway in-flight",
@@ -427,7 +439,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                         "{{workload}} ({{source}})",
                     )
                 ],
-                "Mean accepted/proposed draft tokens of the requests the speculative server "
+                "Mean accepted/proposed draft tokens of the requests speculative routes "
                 "answered, by workload and source: vLLM's per-request metrics (exact), the "
                 "workload's rate attributed from vLLM's counters, or streamed steps.",
             ),
@@ -550,9 +562,10 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "short",
                 8,
                 [q(shadow_ratio("baseline", "speculative"), "{{workload}}")],
-                "The same request on both routes: a user's and its shadow copy on the other "
-                "route, in idle GPU time, same answer length. Baseline e2e / speculative e2e "
-                "summed over the last 30 min of pairs where the user request ran alone; above 1 "
+                "The same request on two routes: a user's and its shadow copy on another "
+                "route, in idle GPU time, same answer length. Over the pairs where one route "
+                "speculates and the other does not: e2e without / e2e with speculation, summed "
+                "over the last 30 min of pairs where the user request ran alone; above 1 "
                 "speculation pays. Gaps: no idle time, hence no pairs.",
             ),
             (
@@ -705,7 +718,7 @@ def build() -> dict[str, Any]:
         y += row_height
     return {
         "uid": UID,
-        "title": "specroute: speculative vs baseline routing",
+        "title": "specroute: routing among speculation configurations",
         "description": "Gateway routes, latency per route and workload, vLLM speculative "
         "decoding acceptance, backend load and errors.",
         "tags": ["specroute", "vllm", "speculative-decoding"],

@@ -8,6 +8,7 @@ is one of those metrics' labels (a route is `route` everywhere)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -132,7 +133,7 @@ def gateway_labels() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for metric in vars(Metrics()).values():
         if isinstance(metric, MetricWrapperBase):
-            for name in sample_names(metric._name, metric._type):
+            for name in sample_names(metric._name, str(metric._type)):
                 out[name] = set(metric._labelnames) | (
                     {"le"} if name.endswith("_bucket") else set()
                 )
@@ -174,3 +175,12 @@ def test_the_label_check_judges() -> None:
     used = {label for _, expr in EXPRESSIONS for label, _ in label_uses(expr)}
     assert {"route", "url", "kind", "workload"} <= used
     assert not {n for n, labels in LABELS.items() if "backend" in labels}
+
+
+@pytest.mark.parametrize(("where", "expr"), EXPRESSIONS, ids=[w for w, _ in EXPRESSIONS])
+def test_no_expression_names_a_route(where: str, expr: str) -> None:
+    """Routes are configured names (none, ngram-k2, eagle3-k3...): an expression groups
+    or joins by `route`, and tells a speculative route by its vLLM server's spec_decode
+    counters, never by matching a route's name."""
+    matchers = re.findall(r'\broute\s*(=~|!~|!=|=)\s*"([^"]*)"', expr)
+    assert not matchers, f"{where}: matches route names {matchers}"
