@@ -387,6 +387,8 @@ ROUTE_EXAMPLES: tuple[tuple[str, Model, tuple[tuple[str, Model | None], ...]], .
     ("H200", LLAMA_31_8B,
      (("none", None), ("eagle3-k3", EAGLE3_LLAMA_8B), ("eagle3-k7", EAGLE3_LLAMA_8B),
       ("ngram-k8", NGRAM))),
+    ("H200", LLAMA_31_8B,
+     (("none", None), ("ngram-k4", NGRAM), ("eagle3-k3", EAGLE3_LLAMA_8B))),
     ("H200", QWEN3_8B, (("none", None), ("ngram-k2", NGRAM), ("draft-k4", QWEN3_06B))),
     ("H100-80GB", LLAMA_31_8B,
      (("none", None), ("ngram-k4", NGRAM), ("eagle3-k3", EAGLE3_LLAMA_8B))),

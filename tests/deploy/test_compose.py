@@ -27,8 +27,16 @@ from typing import Any
 import pytest
 import yaml
 
+from classifier.types import Route
 from deploy.envoy import render
-from deploy.gpu.sizing import LLAMA_31_8B, LLAMA_32_1B, plan_example
+from deploy.gpu.sizing import (
+    EAGLE3_LLAMA_8B,
+    LLAMA_31_8B,
+    LLAMA_32_1B,
+    NGRAM,
+    plan_example,
+    plan_route_example,
+)
 from gateway.cli import _add_ext_proc_arguments, _add_serve_arguments
 from gateway.config import load_config
 from tests.deploy.conftest import DEPLOY, ROOT, run
@@ -38,10 +46,11 @@ COMPOSE_DIR = DEPLOY / "compose"
 COMPOSE = COMPOSE_DIR / "compose.yaml"
 COMPOSE_ENVOY = COMPOSE_DIR / "compose-envoy.yaml"
 COMPOSE_EMULATED = COMPOSE_DIR / "compose-emulated.yaml"
+COMPOSE_ROUTES = COMPOSE_DIR / "compose-routes.yaml"
 DOCKERFILE = DEPLOY / "docker" / "gateway.Dockerfile"
 FILES = pytest.mark.parametrize("path", [COMPOSE, COMPOSE_ENVOY], ids=lambda p: p.name)
 EVERY_FILE = pytest.mark.parametrize(
-    "path", [COMPOSE, COMPOSE_ENVOY, COMPOSE_EMULATED], ids=lambda p: p.name
+    "path", [COMPOSE, COMPOSE_ENVOY, COMPOSE_EMULATED, COMPOSE_ROUTES], ids=lambda p: p.name
 )
 ENV_FILE = COMPOSE_DIR / "example.env"
 CHECK_COMPOSE = [
@@ -219,7 +228,7 @@ def test_the_gateway_and_its_config(compose: dict[str, Any]) -> None:
     assert f"{config.server.port}/health" in " ".join(gw["healthcheck"]["test"])
     services = compose["services"]
     for route, service in (("speculative", "vllm-speculative"), ("baseline", "vllm-baseline")):
-        backend = getattr(config.backends, route)
+        backend = config.routes[Route(route)]
         assert backend.urls == (f"http://{service}:8000",)
         # The key the gateway sends is the one vLLM requires.
         assert backend.api_key_env in gw["environment"]
@@ -230,7 +239,7 @@ def test_the_gateway_and_its_config(compose: dict[str, Any]) -> None:
             == gw["environment"][backend.api_key_env]
         )
     k = json.loads(_flags(services["vllm-speculative"]["command"])["speculative-config"])
-    assert config.backends.speculative.num_speculative_tokens == k["num_speculative_tokens"]
+    assert config.routes[Route.SPECULATIVE].num_speculative_tokens == k["num_speculative_tokens"]
     grace = int(gw["stop_grace_period"].rstrip("s"))
     assert grace > config.server.drain_s
 
@@ -311,7 +320,7 @@ def test_the_picker_and_its_config(envoy_compose: dict[str, Any]) -> None:
     assert config.server.host == "0.0.0.0" and args.host is None  # both ports reachable
     services = envoy_compose["services"]
     for route, service in (("speculative", "vllm-speculative"), ("baseline", "vllm-baseline")):
-        backend = getattr(config.backends, route)
+        backend = config.routes[Route(route)]
         port = _flags(services[service]["command"])["port"]
         assert backend.urls == (f"http://{service}:{port}",)
         assert backend.api_key_env in picker["environment"]
@@ -541,3 +550,53 @@ def test_the_emulated_containers_command_serves_the_page(tmp_path: Path) -> None
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+ROUTE_SERVICES = {"none": "vllm-none", "ngram-k4": "vllm-ngram-k4", "eagle3-k3": "vllm-eagle3-k3"}
+
+
+def test_three_routes_on_one_gpu_one_after_another() -> None:
+    """compose-routes.yaml: one vLLM service per route of config-routes.toml, the same
+    model and GPU, each started once the previous is healthy, sizing.py's split, the
+    route's method and k in its --speculative-config, Prometheus's `route` its name."""
+    compose = load(COMPOSE_ROUTES)
+    services = compose["services"]
+    gw = services["gateway"]
+    source = gw["volumes"][0].split(":")[0]
+    config = load_config(COMPOSE_DIR / source)
+    assert list(config.routes) == list(ROUTE_SERVICES)
+    plan = plan_route_example(
+        "H200", LLAMA_31_8B,
+        [("none", None), ("ngram-k4", NGRAM), ("eagle3-k3", EAGLE3_LLAMA_8B)],
+    )  # fmt: skip
+    previous = None
+    for (name, route), share in zip(config.routes.items(), plan.shares, strict=True):
+        service = services[ROUTE_SERVICES[name]]
+        flags = _flags(service["command"])
+        assert route.urls == (f"http://{ROUTE_SERVICES[name]}:{flags['port']}",)
+        assert route.api_key_env in gw["environment"]
+        assert float(flags["gpu-memory-utilization"]) == share.gpu_memory_utilization
+        assert flags["served-model-name"] == services["vllm-none"]["command"][1].split("=")[1]
+        assert service["command"][0] == services["vllm-none"]["command"][0]
+        assert service["deploy"] == services["vllm-none"]["deploy"]  # one GPU
+        if route.method == "none":
+            assert "speculative-config" not in flags
+        else:
+            spec = json.loads(flags["speculative-config"])
+            assert (spec["method"], spec["num_speculative_tokens"]) == (
+                route.method,
+                route.num_speculative_tokens,
+            )
+            assert spec.get("model", "/models/").startswith("/models/")
+        if previous is None:
+            assert "depends_on" not in service
+        else:
+            assert service["depends_on"] == {previous: {"condition": "service_healthy"}}
+        previous = ROUTE_SERVICES[name]
+        assert set(gw["depends_on"]) == set(ROUTE_SERVICES.values())
+    prom = services["prometheus"]
+    config_file = next(a for a in prom["command"] if a.startswith("--config.file="))
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / Path(config_file).name).read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    targets = {sc["labels"]["route"]: sc["targets"] for sc in jobs["vllm"]["static_configs"]}
+    assert targets == {name: [f"{svc}:8000"] for name, svc in ROUTE_SERVICES.items()}

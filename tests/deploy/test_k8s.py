@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from classifier.types import Route
 from gateway.app import create_app
 from gateway.config import Config, load_config
 from tests.deploy.conftest import DEPLOY, run
@@ -80,7 +81,7 @@ def test_every_manifest_file_is_used() -> None:
     for kust in K8S.rglob("kustomization.yaml"):
         doc = yaml.safe_load(kust.read_text())
         used |= {(kust.parent / r).resolve() for r in doc.get("resources", [])}
-        used |= {(kust.parent / p["path"]).resolve() for p in doc.get("patches", [])}
+        used |= {(kust.parent / p["path"]).resolve() for p in doc.get("patches", []) if "path" in p}
         for gen in doc.get("configMapGenerator", []):
             used |= {(kust.parent / f).resolve() for f in gen["files"]}
     files = {p.resolve() for p in K8S.rglob("*") if p.is_file() and p.name != "kustomization.yaml"}
@@ -121,7 +122,7 @@ def test_gateway_deployment_config_and_secret() -> None:
     assert ports["http"] == config.server.port
     # Secrets: every api_key_env is set from a Secret key that exists.
     env = {e["name"]: e for e in c["env"]}
-    for backend in (config.backends.speculative, config.backends.baseline):
+    for backend in config.routes.values():
         ref = env[backend.api_key_env]["valueFrom"]["secretKeyRef"]
         secret = one(RAW, "Secret", ref["name"])
         assert ref["key"] in {**secret.get("data", {}), **secret.get("stringData", {})}
@@ -199,7 +200,7 @@ def test_backends_reach_the_vllm_services() -> None:
         c = container(dep)
         named = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert named[port["targetPort"]] == int(_vllm_flags(dep)[1]["port"])
-        url = getattr(config.backends, route).urls[0]
+        url = config.routes[Route(route)].urls[0]
         assert url == f"http://{svc['metadata']['name']}:{port['port']}"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert c[probe]["httpGet"]["path"] == "/health"
@@ -216,7 +217,7 @@ def test_vllm_pair_on_one_gpu() -> None:
     assert sf["per-request-spec-decode-metrics"] == "detailed"
     assert "speculative-config" not in bf and "per-request-spec-decode-metrics" not in bf
     assert (
-        gateway_config().backends.speculative.num_speculative_tokens
+        gateway_config().routes[Route.SPECULATIVE].num_speculative_tokens
         == (spec_config["num_speculative_tokens"])
     )
     assert float(sf["gpu-memory-utilization"]) + float(bf["gpu-memory-utilization"]) < 1

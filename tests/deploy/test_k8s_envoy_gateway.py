@@ -191,7 +191,7 @@ def test_the_picker(rendered: list[Obj]) -> None:
         http = c[probe]["httpGet"]
         assert ("GET", http["path"]) in routes and http["port"] == "metrics"
     env = {e["name"]: e for e in c["env"]}
-    for backend in (config.backends.speculative, config.backends.baseline):
+    for backend in config.routes.values():
         ref = env[backend.api_key_env]["valueFrom"]["secretKeyRef"]
         assert ref["key"] in one(rendered, "Secret", ref["name"])["stringData"]
     pre_stop = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])

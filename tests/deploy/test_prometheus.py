@@ -62,8 +62,9 @@ def test_every_alert_has_a_unit_test() -> None:
                 assert r["annotations"]["summary"] and r["annotations"]["description"]
 
 
-def test_check_config_compose(promtool: str) -> None:
-    res = run([promtool, "check", "config", str(PROM / "prometheus.yml")])
+@pytest.mark.parametrize("name", ["prometheus.yml", "prometheus-routes.yml"])
+def test_check_config_compose(promtool: str, name: str) -> None:
+    res = run([promtool, "check", "config", str(PROM / name)])
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS: 1 rule files found" in res.stdout
 
