@@ -1,4 +1,4 @@
-"""Two engines on ONE GPU, step by step, in virtual time.
+"""Two engines, or N routes, on ONE GPU, step by step, in virtual time.
 
 (simulate(gpus=2) gives each engine its own GPU, to compare.)
 
@@ -23,6 +23,17 @@ traffic's truth, for a router that must learn it. `emulator=` runs another GPU
 (ROOFLINE_SPEC: the emulator's first, unmeasured one). Run it for a table:
 
     .venv/bin/python -m tooling.sim.shared_gpu
+
+N routes (issue 42): `routes=` (SimRoute: a name and an emulated server, its drafter
+"eagle3", "draft-1b" or "ngram" and its k, or none; `sim_route` builds one) replaces
+the speculative + baseline pair in `engine_profile`, `profiled` and `simulate`. Each
+request carries every drafter's true acceptance (Job.by_drafter: the emulator's level
+for that drafter, tooling/emulator/acceptance.py DRAFTER_ACCEPTANCE, and one jitter
+drawn per request), so a route accepts as its drafter does, and the profile of every
+route is what the profiler would measure of it (its step at its own k, its probes with
+its own drafter; `probes_of=` sets one route's probes off its truth). On one GPU every
+busy server advances at 1/n of its speed, n the servers busy: the H200 measured two
+(1.86-2.17x each); three or four are that time-slicing extended, not measured.
 """
 
 from __future__ import annotations
@@ -31,8 +42,9 @@ import random
 import statistics
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import get_args
 
 from classifier import (
     BackendState,
@@ -49,7 +61,7 @@ from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentit
 from classifier.router import ProfiledPolicy, RouterConfig
 from classifier.speculation import expected_tokens_per_step
 from classifier.tokens import TokenCounter, load_tiktoken_counter
-from classifier.types import two_routes
+from classifier.types import RouteSpec
 from gateway.profiling.probes import PROBES
 from gateway.wire.life import Lesson
 from tooling.emulator.acceptance import (
@@ -58,13 +70,14 @@ from tooling.emulator.acceptance import (
     draw_accepted,
     request_acceptance,
 )
-from tooling.emulator.config import EmulatorConfig
+from tooling.emulator.config import ROOFLINE, Drafter, EmulatorConfig
 from tooling.emulator.costs import (
     StepShape,
     baseline_step_ms,
     draft_cost_ratio,
     speculative_step_ms,
 )
+from tooling.emulator.gpu.profile import load_gpu_profile
 from tooling.workloads import build
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
@@ -76,6 +89,77 @@ MEASURED_SPEC = EmulatorConfig(mode="speculative")
 ROOFLINE_SPEC = EmulatorConfig(mode="speculative", gpu_profile="roofline")
 # The step probes' context (gateway/profiling/probes.py: a 4-token prompt, 24 tokens out).
 PROFILE_CONTEXT = 20
+# vLLM's speculative method (--speculative-config "method") for each emulated drafter.
+METHOD: dict[str, str] = {"draft-1b": "draft_model", "eagle3": "eagle3", "ngram": "ngram"}
+
+
+@dataclass(frozen=True, slots=True)
+class SimRoute:
+    """One route: its configured name and the emulated server behind it.
+
+    speculative False: that server's GPU and target without a drafter (the pair's
+    baseline is its speculative config's GPU, so both price the same target)."""
+
+    name: Route
+    emulator: EmulatorConfig
+    speculative: bool
+
+    @property
+    def k(self) -> int:
+        return self.emulator.num_speculative_tokens if self.speculative else 0
+
+    @property
+    def drafter(self) -> str | None:
+        return self.emulator.drafter if self.speculative else None
+
+    @property
+    def label(self) -> str:
+        """What it runs, for a table: "eagle3 k=7", "none"."""
+        return f"{self.drafter} k={self.k}" if self.speculative else "none"
+
+    def spec(self) -> RouteSpec:
+        """What the gateway's [routes.NAME] says of it: vLLM's method, k, the draft's cost."""
+        if not self.speculative:
+            return RouteSpec(self.name)
+        return RouteSpec(
+            self.name, self.k, METHOD[self.emulator.drafter], draft_cost_ratio(self.emulator)
+        )
+
+    def step_s(self, shape: StepShape) -> float:
+        """One engine step of this server, in s."""
+        cost = speculative_step_ms if self.speculative else baseline_step_ms
+        return cost(self.emulator, shape) * self.emulator.time_scale / 1000.0
+
+
+def sim_route(
+    name: str, drafter: Drafter | None = None, k: int = 0, *, emulator: EmulatorConfig | None = None
+) -> SimRoute:
+    """A route of the emulated GPU (`emulator`, default the measured H200): `drafter` with
+    its k, or none (drafter None, k 0)."""
+    c = emulator or MEASURED_SPEC
+    if drafter is None:
+        if k:
+            raise ValueError(f"route {name}: k={k} without a drafter")
+        return SimRoute(Route(name), c, speculative=False)
+    config = replace(c, mode="speculative", drafter=drafter, num_speculative_tokens=k)
+    return SimRoute(Route(name), config, speculative=True)
+
+
+def pair_routes(emulator: EmulatorConfig | None = None) -> tuple[SimRoute, SimRoute]:
+    """The two-route configuration: `emulator`'s speculative server and its baseline."""
+    c = emulator or MEASURED_SPEC
+    return SimRoute(SPEC, c, speculative=True), SimRoute(BASE, c, speculative=False)
+
+
+# Issue 42's menu on the measured H200 (its drafters: tooling/emulator/gpu/h200-llama3.1-
+# 8b.json "drafters"): no speculation, the EAGLE-3-like head at k=3 and k=7 (the published
+# EAGLE-3 acceptance lengths are at K=7), n-gram prompt lookup at k=8.
+FOUR_ROUTES = (
+    sim_route("none"),
+    sim_route("eagle3-k3", "eagle3", 3),
+    sim_route("eagle3-k7", "eagle3", 7),
+    sim_route("ngram-k8", "ngram", 8),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +169,17 @@ class Job:
     workload: str
     features: RequestFeatures
     output_tokens: int
-    acceptance: float  # per draft position, this request's truth
+    acceptance: float  # per draft position, this request's truth (the jobs' drafter)
     seed: int
+    # The same per drafter the GPU measured (one jitter for all: how predictable this
+    # request is); empty: `acceptance` whatever the drafter (a Job built by hand).
+    by_drafter: Mapping[str, float] = field(default_factory=dict)
+
+    def acceptance_on(self, route: SimRoute) -> float:
+        """Per-position acceptance of this request on `route`'s drafter, its truth."""
+        if not self.by_drafter or route.drafter is None:
+            return self.acceptance
+        return self.by_drafter[route.drafter]
 
 
 def jobs(
@@ -97,9 +190,11 @@ def jobs(
     counter: TokenCounter | None = None,
     emulator: EmulatorConfig | None = None,
 ) -> list[Job]:
-    """The built-in workloads' requests, interleaved, with the emulator's truths."""
+    """The built-in workloads' requests, interleaved, with the emulator's truths (every
+    drafter's acceptance; `emulator`'s own knobs, such as acceptance_code, for all)."""
     counter = counter or load_tiktoken_counter()
     c = emulator or MEASURED_SPEC
+    configs = {d: c if d == c.drafter else replace(c, drafter=d) for d in _drafters(c)}
     rng = random.Random(seed)
     out: list[Job] = []
     for request in build(list(names), count_per_workload, seed=seed):
@@ -107,11 +202,25 @@ def jobs(
         f = extract_features(body, Endpoint.CHAT, counter)
         text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
         kind = classify(structured="response_format" in body, prompt_text=text)
-        a = request_acceptance(c, kind, float(body.get("temperature", 1.0)), rng)
+        temperature = float(body.get("temperature", 1.0))
+        drawn = rng.getstate()
+        by_drafter: dict[str, float] = {}
+        for drafter, config in configs.items():  # one draw, the same jitter for each
+            rng.setstate(drawn)
+            by_drafter[drafter] = request_acceptance(config, kind, temperature, rng)
         natural = rng.randint(c.text_min_tokens, c.text_max_tokens)
         out_tokens = min(natural, int(body.get("max_tokens") or natural))
-        out.append(Job(request.workload, f, out_tokens, a, rng.getrandbits(32)))
+        a = by_drafter[c.drafter]
+        out.append(Job(request.workload, f, out_tokens, a, rng.getrandbits(32), by_drafter))
     return out
+
+
+def _drafters(c: EmulatorConfig) -> tuple[Drafter, ...]:
+    """The drafters `c`'s GPU measured (the roofline prices any), `c`'s own first."""
+    every: tuple[Drafter, ...] = get_args(Drafter)
+    if c.gpu_profile != ROOFLINE:
+        every = tuple(d for d in every if d in load_gpu_profile(c.gpu_profile).drafters)
+    return (c.drafter, *(d for d in every if d != c.drafter))
 
 
 # What the profiler measures (gateway/profiling/probes.py): batches 1, 2, 4, ... 32 and
@@ -120,17 +229,12 @@ PROFILE_BATCHES = (1, 2, 4, 8, 16, 32)
 PROFILE_PROMPTS = (16, 256, 1024, 4096)
 
 
-def _step_s(c: EmulatorConfig, route: Route, shape: StepShape) -> float:
-    cost = speculative_step_ms if route == SPEC else baseline_step_ms
-    return cost(c, shape) * c.time_scale / 1000.0
-
-
-def _ttft_s(c: EmulatorConfig, route: Route, prompt_tokens: int) -> float:
+def _ttft_s(route: SimRoute, prompt_tokens: int) -> float:
     """A lone request's prefill: chunks of the step budget, the first token at the end."""
     total, left = 0.0, prompt_tokens
     while left > 0:
-        chunk = min(left, c.max_num_batched_tokens)
-        total += _step_s(c, route, StepShape(0, chunk))
+        chunk = min(left, route.emulator.max_num_batched_tokens)
+        total += route.step_s(StepShape(0, chunk))
         left -= chunk
     return total
 
@@ -153,43 +257,56 @@ def engine_profile(
     gpus: int = 1,
     probes: Mapping[Workload, float] | None = None,
     counter: TokenCounter | None = None,
+    routes: Sequence[SimRoute] | None = None,
+    probes_of: Mapping[Route, Mapping[Workload, float]] | None = None,
 ) -> EngineProfile:
     """What gateway/profiling/probes.py would measure of these engines, noise aside: the step
     per batch and first token per prompt from the emulator's costs, each route's step
     beside a busy neighbour (2: one time-sliced GPU; 1: a GPU each), and per workload
-    the probes' tokens per step, from `probes` (per-position a) where given, else the
-    emulator's truth."""
+    the probes' tokens per step at each speculative route's own k, from its drafter's
+    acceptance (the emulator's truth) where `probes_of` does not set that route's
+    per-position a (`probes`: the pair's speculative route's).
+
+    routes: the servers (default: `emulator`'s speculative one and its baseline)."""
     c = emulator or MEASURED_SPEC
-    k = c.num_speculative_tokens
-    seen = probe_acceptance(c, counter or load_tiktoken_counter())
-    seen.update(probes or {})
-    tps = {w: (expected_tokens_per_step(a, k), 48) for w, a in seen.items()}
-
-    def route(r: Route) -> RouteProfile:
-        spec = r == SPEC
-        return RouteProfile(
-            r.value,
-            ServerIdentity(f"sim://{r.value}", "sim", "sim", "ngram" if spec else "none", k * spec),
-            Curve(
-                tuple(map(float, PROFILE_PROMPTS)),
-                tuple(_ttft_s(c, r, p) for p in PROFILE_PROMPTS),
-            ),
-            Curve(
-                tuple(map(float, PROFILE_BATCHES)),
-                tuple(
-                    _step_s(c, r, StepShape(b, 0, context_tokens=PROFILE_CONTEXT))
-                    for b in PROFILE_BATCHES
-                ),
-            ),
-            tps if spec else {},
-            2.0 if gpus == 1 else 1.0,  # processor sharing: two busy servers, half each
-        )
-
+    table = tuple(routes or pair_routes(c))
+    wrong: dict[Route, Mapping[Workload, float]] = dict(probes_of or {})
+    if probes:
+        wrong[SPEC] = {**wrong.get(SPEC, {}), **probes}
+    unknown = [r for r in wrong if r not in {t.name for t in table}]
+    if unknown:
+        raise ValueError(f"probes for route(s) {unknown} not among {[t.name for t in table]}")
+    counter = counter or load_tiktoken_counter()
     return EngineProfile(
-        routes=(route(SPEC), route(BASE)),
+        routes=tuple(_route_profile(r, gpus, wrong.get(r.name, {}), counter) for r in table),
         created=datetime.now(UTC).isoformat(),
         took_s=0.0,
         source="emulated",
+    )
+
+
+def _route_profile(
+    r: SimRoute, gpus: int, probes: Mapping[Workload, float], counter: TokenCounter
+) -> RouteProfile:
+    tps: dict[Workload, tuple[float, int]] = {}
+    if r.speculative:
+        seen = {**probe_acceptance(r.emulator, counter), **probes}
+        tps = {w: (expected_tokens_per_step(a, r.k), 48) for w, a in seen.items()}
+    return RouteProfile(
+        r.name.value,
+        ServerIdentity(f"sim://{r.name.value}", "sim", "sim", r.spec().method, r.k),
+        Curve(
+            tuple(map(float, PROFILE_PROMPTS)),
+            tuple(_ttft_s(r, p) for p in PROFILE_PROMPTS),
+        ),
+        Curve(
+            tuple(map(float, PROFILE_BATCHES)),
+            tuple(
+                r.step_s(StepShape(b, 0, context_tokens=PROFILE_CONTEXT)) for b in PROFILE_BATCHES
+            ),
+        ),
+        tps,
+        2.0 if gpus == 1 else 1.0,  # processor sharing: two busy servers, half each
     )
 
 
@@ -200,13 +317,18 @@ def profiled(
     probes: Mapping[Workload, float] | None = None,
     config: RouterConfig | None = None,
     counter: TokenCounter | None = None,
+    routes: Sequence[SimRoute] | None = None,
+    probes_of: Mapping[Route, Mapping[Workload, float]] | None = None,
 ) -> ProfiledPolicy:
-    """The gateway's default policy, its start-up profile of these engines in."""
-    c = emulator or MEASURED_SPEC
+    """The gateway's default policy over `routes` (default: the pair), its start-up profile
+    of these engines in."""
+    table = tuple(routes or pair_routes(emulator))
     return ProfiledPolicy(
         config or RouterConfig(),
-        routes=two_routes(c.num_speculative_tokens, draft_cost_ratio(c)),
-        profile=engine_profile(c, gpus=gpus, probes=probes, counter=counter),
+        routes=[r.spec() for r in table],
+        profile=engine_profile(
+            emulator, gpus=gpus, probes=probes, counter=counter, routes=table, probes_of=probes_of
+        ),
     )
 
 
@@ -250,25 +372,27 @@ def simulate(
     emulator: EmulatorConfig | None = None,
     gpus: int = 1,
     seed: int = 0,
+    routes: Sequence[SimRoute] | None = None,
 ) -> list[Served]:
     """A closed loop of `concurrency` clients; the router learns every answer as it goes
     (Policy.learn), and decides with a seeded rng as the gateway does (its exploration).
 
-    gpus=2 gives each engine its own GPU: they step independently.
+    routes: the servers (default: `emulator`'s speculative one and its baseline), in the
+    configuration's order. gpus=1: all on one time-sliced GPU; 2 (or more): each server
+    its own GPU, stepping independently.
     """
-    c = emulator or MEASURED_SPEC
-    k = c.num_speculative_tokens
+    table = {r.name: r for r in (routes or pair_routes(emulator))}
     learn: Callable[[Lesson], None] = router.learn
     rng = random.Random(seed)
-    running: dict[Route, list[_Running]] = {SPEC: [], BASE: []}
-    newest = {SPEC: 0, BASE: 0}  # the newest request sent there, numbered from 1
+    running: dict[Route, list[_Running]] = {r: [] for r in table}
+    newest = dict.fromkeys(table, 0)  # the newest request sent there, numbered from 1
     served: list[Served] = []
     now, sent = 0.0, 0
 
     def send(at: float) -> None:
         nonlocal sent
         job = requests[sent]
-        state = LiveState.pair(*(_backend(running[r], newest[r]) for r in (SPEC, BASE)))
+        state = LiveState({r: _backend(running[r], newest[r]) for r in table})
         decision = router.decide(job.features, state, 0, rng)
         route = decision.route
         predicted = decision.predicted_s.get(route) if decision.predicted_s else None
@@ -279,8 +403,9 @@ def simulate(
 
     def begin(route: Route) -> tuple[float, _Step]:
         """One engine step of `route` (scheduled as vLLM v1 does): its cost alone, in s."""
-        per_decode = k + 1 if route == SPEC else 1
-        budget = c.max_num_batched_tokens
+        server = table[route]
+        per_decode = server.k + 1
+        budget = server.emulator.max_num_batched_tokens
         decode = [r for r in running[route] if r.prefilled >= r.job.features.prompt_tokens]
         decode = decode[: budget // per_decode]
         budget -= len(decode) * per_decode
@@ -296,18 +421,19 @@ def simulate(
             else PROFILE_CONTEXT
         )
         shape = StepShape(len(decode), sum(chunk for _, chunk in prefill), context_tokens=context)
-        cost_ms = (speculative_step_ms if route == SPEC else baseline_step_ms)(c, shape)
-        return cost_ms * c.time_scale / 1000.0, _Step(decode, prefill)
+        return server.step_s(shape), _Step(decode, prefill)
 
     def complete(route: Route, done: _Step, end: float) -> None:
         for r, chunk in done.prefill:
             r.prefilled += chunk
             if r.prefilled >= r.job.features.prompt_tokens:
                 r.generated, r.first_at = 1, end
+        server = table[route]
+        k = server.k
         for r in done.decode:
             n = 1
-            if route == SPEC:
-                accepted = draw_accepted(r.job.acceptance, k, r.rng)
+            if server.speculative:
+                accepted = draw_accepted(r.job.acceptance_on(server), k, r.rng)
                 r.drafted += k
                 r.accepted += accepted
                 n += accepted
@@ -321,7 +447,7 @@ def simulate(
             running[route].remove(r)
             done = served[r.index]
             done.duration_s = now - r.sent_at
-            learn(_finished(r, done))
+            learn(_finished(r, done, speculative=table[route].speculative))
             if sent < len(requests):
                 send(now)
 
@@ -330,7 +456,7 @@ def simulate(
     work: dict[Route, float] = {}
     steps: dict[Route, _Step] = {}
     while True:
-        for route in (SPEC, BASE):
+        for route in table:
             if route not in work and running[route]:
                 work[route], steps[route] = begin(route)
         if not work:
@@ -365,7 +491,7 @@ def _backend(running: Sequence[_Running], newest: int) -> BackendState:
     )
 
 
-def _finished(r: _Running, done: Served) -> Lesson:
+def _finished(r: _Running, done: Served, *, speculative: bool) -> Lesson:
     return Lesson(
         route=r.route,
         features=r.job.features,
@@ -374,7 +500,7 @@ def _finished(r: _Running, done: Served) -> Lesson:
         duration_s=done.duration_s,
         prompt_tokens=r.job.features.prompt_tokens,
         completion_tokens=r.generated,
-        acceptance=(r.accepted / r.drafted) if r.route == SPEC and r.drafted else None,
+        acceptance=(r.accepted / r.drafted) if speculative and r.drafted else None,
         predicted_s=done.predicted_s,
     )
 
@@ -383,11 +509,19 @@ def mean_latency(served: Sequence[Served]) -> float:
     return statistics.fmean(s.duration_s for s in served)
 
 
-def oracle_latency(spec: Sequence[Served], base: Sequence[Served]) -> float:
-    """Each request's better time of the two static runs (the benchmark's oracle)."""
-    return statistics.fmean(
-        min(s.duration_s, b.duration_s) for s, b in zip(spec, base, strict=True)
-    )
+def oracle_latency(*runs: Sequence[Served]) -> float:
+    """Each request's best time of the static runs (the benchmark's oracle): the pair's
+    two, or one per route of N, all of the same requests."""
+    return statistics.fmean(min(s.duration_s for s in each) for each in zip(*runs, strict=True))
+
+
+def oracle_routes(runs: Mapping[Route, Sequence[Served]]) -> list[Route]:
+    """Per request, the route whose static run served it fastest (the oracle's choice)."""
+    names = list(runs)
+    return [
+        names[min(range(len(each)), key=lambda i: each[i].duration_s)]
+        for each in zip(*runs.values(), strict=True)
+    ]
 
 
 def mape(served: Sequence[Served], route: Route) -> float:
@@ -395,7 +529,7 @@ def mape(served: Sequence[Served], route: Route) -> float:
     errors = [
         abs(s.predicted_s - s.duration_s) / s.duration_s
         for s in served
-        if s.route is route and s.predicted_s is not None
+        if s.route == route and s.predicted_s is not None
     ]
     return statistics.fmean(errors) if errors else float("nan")
 
