@@ -241,51 +241,44 @@ def test_launch_refuses_a_pair_that_does_not_fit(
     assert not list(Path(env["FAKE_VLLM_RECORD_DIR"]).iterdir())
 
 
+@pytest.mark.parametrize("routes", [(), ("none", "ngram:2", "ngram:4")], ids=["pair", "three"])
 def test_validate_runs_the_whole_gpu_check(
-    tmp_path: Path, models: tuple[Path, Path], env: dict[str, str]
+    tmp_path: Path, models: tuple[Path, Path], env: dict[str, str], routes: tuple[str, ...]
 ) -> None:
-    """validate.sh end to end: pair, gateway, bench (stand-in), scrapes, teardown."""
+    """validate.sh end to end: the servers (the pair, or one per --route), the gateway
+    on launch.sh's [routes.*] config, bench (stand-in), scrapes, teardown."""
     target, draft = models
-    spec_port, base_port, gw_port = _free_ports(3)
+    *ports, gw_port = _free_ports(max(len(routes), 2) + 1)
     out = tmp_path / "out"
+    if routes:
+        names = ["none", "ngram-k2", "ngram-k4"]
+        where = ["--ports", ",".join(map(str, ports))]
+        for route in routes:
+            where += ["--route", route]
+    else:
+        names = ["speculative", "baseline"]
+        where = ["--draft", str(draft), "--spec-port", str(ports[0]), "--base-port", str(ports[1])]
     res = run(
-        [
-            "bash",
-            str(GPU / "validate.sh"),
-            "--model",
-            str(target),
-            "--draft",
-            str(draft),
-            "--out",
-            str(out),
-            "--gateway-port",
-            str(gw_port),
-            "--spec-port",
-            str(spec_port),
-            "--base-port",
-            str(base_port),
-            "--gpu-mib",
-            H200_MIB,
-            "--budget",
-            "120",
-        ],
+        ["bash", str(GPU / "validate.sh"), "--model", str(target), "--out", str(out),
+         "--gateway-port", str(gw_port), *where, "--gpu-mib", H200_MIB, "--budget", "120"],
         timeout=150,
         env={**env, "SPECROUTE": f"{sys.executable} {HERE / 'fake_specroute.py'}"},
-    )
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr[-4000:]
     bench = json.loads((out / "bench.json").read_text())
     assert bench["workload"] == "mixed"
     assert bench["concurrency"] == [1, 16]
-    assert set(bench["targets"]) == {"baseline", "speculative", "gateway"}
+    assert list(bench["targets"]) == [*names, "gateway"]
     assert bench["targets"]["gateway"]["url"] == f"http://127.0.0.1:{gw_port}"
-    assert bench["targets"]["gateway"]["route"] in ("speculative", "baseline")
+    assert bench["targets"]["gateway"]["route"] in names
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
     for name in ("summary.txt", "env.txt", "launch.log", "gateway.log", "bench.log"):
         assert (out / name).stat().st_size > 0, name
-    assert (out / "run" / "speculative.log").exists()
-    assert (out / "run" / "baseline.log").exists()
+    for name in names:
+        assert (out / "run" / f"{name}.log").exists()
+    assert list(tomllib.loads((out / "run" / "gateway.toml").read_text())["routes"]) == names
     for when in ("before", "after"):
-        for name in ("gateway", "speculative", "baseline"):
+        for name in ("gateway", *names):
             assert (out / "metrics" / f"{when}-{name}.txt").stat().st_size > 0
     after = (out / "metrics" / "after-gateway.txt").read_text()
     assert "specroute_requests_total{" in after
@@ -293,7 +286,7 @@ def test_validate_runs_the_whole_gpu_check(
     assert "servers ready after" in summary and "exit status 0" in summary
     assert "0.32.0 (fake_vllm for tests)" in (out / "env.txt").read_text()
     # Everything it started is gone.
-    for port in (spec_port, base_port, gw_port):
+    for port in (*ports, gw_port):
         assert not _port_open(port), port
 
 
