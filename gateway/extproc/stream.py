@@ -268,7 +268,8 @@ class PickerStream:
         return messages.response_headers_reply(messages.common(self._answer_headers))
 
     def _note_who_answered(self, life: RequestLife, message: pb.ProcessingRequest) -> None:
-        """Envoy may have failed over (a retry on the other route): believe its report."""
+        """Envoy may have failed over (a retry on another route: each route's cluster holds
+        the other routes' servers at priority 1): believe its report."""
         served = messages.served_endpoint(message) or messages.attribute(
             message, "upstream.address"
         )
