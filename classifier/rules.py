@@ -77,7 +77,8 @@ class Unlearning:
 class RulesConfig:
     structured_max_temperature: float = 0.3
     prefill_ratio: float = 8.0  # prompt/expected output tokens above this -> baseline
-    default_route: Route = Route.SPECULATIVE
+    # Where a request no rule sends goes; None: the first speculative route.
+    default_route: Route | None = None
 
 
 class RulesPolicy(Unlearning):
@@ -108,7 +109,7 @@ class RulesPolicy(Unlearning):
     stands.
     """
 
-    __slots__ = ("_base", "_config", "_creative", "_guards", "_routes", "_spec")
+    __slots__ = ("_base", "_config", "_creative", "_default", "_guards", "_routes", "_spec")
 
     def __init__(
         self,
@@ -122,12 +123,13 @@ class RulesPolicy(Unlearning):
         base = next((r.name for r in routes if not r.speculative), None)
         if spec is None or base is None:
             raise ValueError("rules: want a speculative route and one without speculation")
-        if config.default_route not in {r.name for r in routes}:
-            raise ValueError(f"rules: default_route {config.default_route!r} is not a route")
+        default = config.default_route or spec
+        if default not in {r.name for r in routes}:
+            raise ValueError(f"rules: default_route {default!r} is not a route")
         self._config = config
         self._guards = guards
         self._routes = tuple(r.name for r in routes)
-        self._spec, self._base = spec, base
+        self._spec, self._base, self._default = spec, base, default
         self._creative = features.creative_min_temperature  # the one extract_features used
 
     @property
@@ -161,7 +163,7 @@ class RulesPolicy(Unlearning):
             return self._spec, "structured-low-temp"
         if f.code_like and low_temp:
             return self._spec, "code-low-temp"
-        return cfg.default_route, "default"
+        return self._default, "default"
 
 
 class StaticPolicy(Unlearning):

@@ -69,7 +69,8 @@ def create_app(
     app[CONFIG] = config
     app[METRICS] = metrics
     app[BACKENDS] = BackendPool(
-        config.backends,
+        config.routes,
+        config.backends.pairs,
         metrics,
         scrape_max_age_s=3 * config.upstream.scrape_interval_s,
         eject_after_failures=config.upstream.eject_after_failures,
@@ -125,8 +126,7 @@ def _current_keys(request: web.Request) -> Keys:
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     upstream = app[CONFIG].upstream
-    backends = app[CONFIG].backends
-    endpoints = len(backends.speculative.urls) + len(backends.baseline.urls)
+    endpoints = sum(len(route.urls) for route in app[CONFIG].routes.values())
     connector = aiohttp.TCPConnector(
         limit=upstream.pool_size * endpoints,  # pool_size per backend server
         limit_per_host=upstream.pool_size,

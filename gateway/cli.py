@@ -24,24 +24,20 @@ import sys
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol, TypeVar, cast
+from typing import Protocol, cast
 
-from classifier.types import Route
+from classifier.types import PAIR, ROUTE_NAME, Route
 from gateway.config import (
-    BackendConfig,
-    BackendsConfig,
     Config,
     ConfigError,
     LoggingConfig,
-    SpeculativeBackendConfig,
-    check_pairs,
+    check_routes,
     json_schema,
     load_config,
     normalize_backend_url,
+    parse_config,
 )
 from gateway.telemetry import configure_logging
-
-_B = TypeVar("_B", bound=BackendConfig)
 
 DESCRIPTION = (
     "An OpenAI-compatible gateway that sends each request to a vLLM server with or without "
@@ -479,8 +475,7 @@ def _ext_proc(args: argparse.Namespace) -> int:
     print(
         f"specroute ext-proc ({args.mode} mode) on grpc://{host}:{args.port}, metrics on "
         f"http://{host}:{args.metrics_port}/metrics "
-        f"(speculative={','.join(config.backends.speculative.urls)} "
-        f"baseline={','.join(config.backends.baseline.urls)})",
+        f"({_routes_line(config)})",
         file=sys.stderr,
         flush=True,
     )
@@ -509,48 +504,44 @@ def resolve_config(
     path = _config_path(path)
     if path is not None:
         config = load_config(path)
-    elif set(overrides) == set(Route):
-        config = Config(
-            backends=BackendsConfig(
-                speculative=SpeculativeBackendConfig(urls=(overrides[Route.SPECULATIVE],)),
-                baseline=BackendConfig(urls=(overrides[Route.BASELINE],)),
-            )
-        )
+    elif set(overrides) == set(PAIR):
+        config = parse_config({"backends": {r.value: {"urls": [overrides[r]]} for r in PAIR}})
     else:
         raise ConfigError(
             "config: no config file; pass --config, or --backend speculative=URL"
             " and --backend baseline=URL"
         )
-
-    def overridden(backend: _B, route: Route) -> _B:
-        url = overrides.get(route)
-        return backend if url is None else dataclasses.replace(backend, urls=(url,))
-
-    backends_cfg = dataclasses.replace(
-        config.backends,
-        speculative=overridden(config.backends.speculative, Route.SPECULATIVE),
-        baseline=overridden(config.backends.baseline, Route.BASELINE),
-    )
-    check_pairs(backends_cfg)  # one URL from the command line against a file's pairs
+    unknown = [r.value for r in overrides if r not in config.routes]
+    if unknown:
+        names = ", ".join(r.value for r in config.routes)
+        raise ConfigError(f"config: --backend {', '.join(unknown)}: not a route ({names})")
+    routes = {
+        route: c if route not in overrides else dataclasses.replace(c, urls=(overrides[route],))
+        for route, c in config.routes.items()
+    }
+    config = dataclasses.replace(config, routes=routes)
+    check_routes(config)  # one URL from the command line against a file's groups
     server = dataclasses.replace(
         config.server,
         host=host if host is not None else config.server.host,
         port=port if port is not None else config.server.port,
     )
     logging = config.logging if log_level is None else LoggingConfig(level=log_level)
-    return dataclasses.replace(config, backends=backends_cfg, server=server, logging=logging)
+    return dataclasses.replace(config, server=server, logging=logging)
+
+
+def _routes_line(config: Config) -> str:
+    """`none=http://...:8002 ngram-k4=http://...:8001`: the routes as the banner shows them."""
+    return " ".join(f"{r.value}={','.join(c.urls)}" for r, c in config.routes.items())
 
 
 def _parse_backends(items: list[str]) -> dict[Route, str]:
     parsed: dict[Route, str] = {}
     for item in items:
         name, sep, url = item.partition("=")
-        try:
-            route = Route(name.strip())
-        except ValueError:
-            raise ConfigError(
-                f"--backend {item!r}: route must be speculative or baseline"
-            ) from None
+        if not ROUTE_NAME.match(name.strip()):
+            raise ConfigError(f"--backend {item!r}: expected ROUTE=URL (a route's name)")
+        route = Route(name.strip())
         if not sep:
             raise ConfigError(f"--backend {item!r}: expected ROUTE=URL")
         parsed[route] = normalize_backend_url(url.strip(), f"--backend {name}")
@@ -580,8 +571,7 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(config.logging.level)
     print(
         f"specroute gateway on http://{config.server.host}:{config.server.port}/v1 "
-        f"(speculative={','.join(config.backends.speculative.urls)} "
-        f"baseline={','.join(config.backends.baseline.urls)})",
+        f"({_routes_line(config)})",
         file=sys.stderr,
         flush=True,
     )

@@ -31,7 +31,7 @@ from classifier.features import FeatureOptions
 from classifier.guards import GuardsConfig
 from classifier.router import RouterConfig
 from classifier.rules import RulesConfig
-from classifier.types import Route
+from classifier.types import ROUTE_NAME, Route, RouteSpec
 
 
 class ConfigError(ValueError):
@@ -102,25 +102,49 @@ class SpeculativeBackendConfig(BackendConfig):
     # One draft token's cost / one target step; only the unprofiled prior uses it
     # (the profile measures the speculative step itself).
     draft_cost_ratio: float = 0.1
+    # vLLM's speculative method (a label: k and the profile are what the router uses).
+    method: str = "draft_model"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig(BackendConfig):
+    """[routes.NAME]: one server configuration of the model, by the name the gateway's
+    metrics, logs and headers give it. The tables' order is the routes' order."""
+
+    # vLLM's speculative method (its --speculative-config "method"): ngram, eagle,
+    # eagle3, draft_model, mtp, ...; "none": the server runs without speculation.
+    method: str = "none"
+    # k proposed tokens per step: tokens per step = 1 + k x acceptance (0 with "none").
+    num_speculative_tokens: int = 0
+    # One draft token's cost / one target step; only the unprofiled prior uses it
+    # (the profile measures each route's step itself). n-gram: about 0.
+    draft_cost_ratio: float = 0.0
+
+    @property
+    def speculative(self) -> bool:
+        return self.num_speculative_tokens > 0
+
+    def spec(self, name: Route) -> RouteSpec:
+        """What a policy knows of this route before its profile."""
+        return RouteSpec(name, self.num_speculative_tokens, self.method, self.draft_cost_ratio)
 
 
 class Pairing(enum.StrEnum):
-    """Which speculative and baseline URLs share a GPU (backends.pairs)."""
+    """Which routes' URLs share a GPU (backends.pairs)."""
 
-    ONE = "one"  # all URLs of both routes are one pair: one GPU, or not said
-    BY_INDEX = "by-index"  # speculative urls[i] and baseline urls[i] share GPU i
+    ONE = "one"  # all URLs of all routes are one group: one GPU, or not said
+    BY_INDEX = "by-index"  # urls[i] of every route share GPU i
 
 
 @dataclass(frozen=True, slots=True)
 class BackendsConfig:
-    speculative: SpeculativeBackendConfig
-    baseline: BackendConfig
-    # A host with N GPUs runs a pair per GPU: "by-index" pairs the routes' URLs
-    # by position, and the gateway routes within the least loaded pair.
+    # The two-route configuration: routes "speculative" and "baseline". Instead of
+    # [routes.NAME] tables, never with them.
+    speculative: SpeculativeBackendConfig | None = None
+    baseline: BackendConfig | None = None
+    # A host with N GPUs runs a server of every route on each GPU: "by-index" groups
+    # the routes' URLs by position, and the gateway routes within the least loaded group.
     pairs: Pairing = Pairing.ONE
-
-    def of(self, route: Route) -> BackendConfig:
-        return self.speculative if route == Route.SPECULATIVE else self.baseline
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +248,10 @@ class LoggingConfig:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    backends: BackendsConfig
+    # The server configurations, by name ([routes.NAME]); resolved at load: the
+    # two-route [backends.speculative] and [backends.baseline] become two entries.
+    routes: Mapping[Route, RouteConfig] = field(default_factory=dict)
+    backends: BackendsConfig = field(default_factory=BackendsConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
@@ -235,17 +262,26 @@ class Config:
     ui: UiConfig = field(default_factory=UiConfig)
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
 
+    @property
+    def route_specs(self) -> tuple[RouteSpec, ...]:
+        """Every route's speculation, in order: what a policy is built with."""
+        return tuple(c.spec(name) for name, c in self.routes.items())
 
-_POLICIES = ("profiled", "rules", "static-speculative", "static-baseline")
+
+_POLICIES = ("profiled", "rules", "static-<route name>")
 _PROFILE_MODES = ("at-start", "off")
 _LEVELS = ("debug", "info", "warning", "error")
 _REDACTIONS = ("placeholders", "off")
 
 # The checks a table's values get once its types are right; the schema states them too.
 _CHOICES: dict[type[Any], dict[str, tuple[str, ...]]] = {
-    RoutingConfig: {"policy": _POLICIES, "profile": _PROFILE_MODES},
+    RoutingConfig: {"profile": _PROFILE_MODES},
     LoggingConfig: {"level": _LEVELS},
     RecordConfig: {"redaction": _REDACTIONS},
+}
+# What the schema states of a value checked against the routes (_routes_problems).
+_PATTERNS: dict[type[Any], dict[str, str]] = {
+    RoutingConfig: {"policy": f"^(profiled|rules|static-{ROUTE_NAME.pattern.strip('^$')})$"},
 }
 _POSITIVE: dict[type[Any], tuple[str, ...]] = {
     ServerConfig: (
@@ -296,6 +332,8 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
     """The config, or one ConfigError that lists every problem of `raw`."""
     problems: list[str] = []
     cfg = _build(Config, raw, "", problems)
+    if cfg is not None and not problems:
+        cfg = _resolve_routes(cfg, problems)
     if problems or cfg is None:
         raise _error(problems or ["top level: not a config"])
     return typing.cast(Config, cfg)
@@ -318,22 +356,80 @@ def normalize_backend_url(url: str, key: str = "backends") -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-def check_pairs(backends: BackendsConfig) -> None:
-    """backends.pairs = "by-index" needs a baseline URL for every speculative one."""
-    problem = _pairs_problem(backends)
-    if problem:
-        raise ConfigError(f"config: {problem}")
+def check_routes(cfg: Config) -> None:
+    """The routes' checks again, after a change (a URL from the command line)."""
+    problems = list(_routes_problems(cfg))
+    if problems:
+        raise _error(problems)
 
 
-def _pairs_problem(backends: BackendsConfig) -> str:
-    spec, base = len(backends.speculative.urls), len(backends.baseline.urls)
-    if backends.pairs is Pairing.BY_INDEX and spec != base:
-        return (
-            f'backends.pairs = "by-index" pairs speculative and baseline URLs by'
-            f" position, so it needs as many of each: got {spec} speculative"
-            f" (backends.speculative.urls) and {base} baseline (backends.baseline.urls)"
+def _resolve_routes(cfg: Config, problems: list[str]) -> Config | None:
+    """The routes by name, whichever way the file gave them, and their checks: two or
+    more, one without speculation at least for the rules... (see _routes_problems)."""
+    spec, base = cfg.backends.speculative, cfg.backends.baseline
+    routes: dict[Route, RouteConfig] = {}
+    if cfg.routes:
+        if spec is not None or base is not None:
+            problems.append(
+                "[routes.NAME] tables and [backends.speculative]/[backends.baseline] name"
+                " the servers twice: keep one (the [routes.NAME] tables)"
+            )
+            return None
+        routes = {Route(name): c for name, c in cfg.routes.items()}
+    elif spec is None or base is None:
+        problems.append(
+            "no servers: want [routes.NAME] tables (urls, method, num_speculative_tokens)"
+            " or both [backends.speculative] and [backends.baseline]"
         )
-    return ""
+        return None
+    else:
+        routes = {
+            Route.SPECULATIVE: RouteConfig(
+                urls=spec.urls,
+                api_key_env=spec.api_key_env,
+                max_inflight=spec.max_inflight,
+                method=spec.method,
+                num_speculative_tokens=spec.num_speculative_tokens,
+                draft_cost_ratio=spec.draft_cost_ratio,
+            ),
+            Route.BASELINE: RouteConfig(
+                urls=base.urls, api_key_env=base.api_key_env, max_inflight=base.max_inflight
+            ),
+        }
+    resolved = dataclasses.replace(cfg, routes=routes)
+    problems.extend(_routes_problems(resolved))
+    return None if problems else resolved
+
+
+def _routes_problems(cfg: Config) -> Iterator[str]:
+    """Names a label and a header can hold; two routes or more; a policy that names one;
+    by-index groups of as many URLs per route."""
+    routes = cfg.routes
+    for name in routes:
+        if not ROUTE_NAME.match(name):
+            yield f"[routes.{name}]: a route's name is [a-z0-9][a-z0-9_-]*, at most 63 characters"
+    if len(routes) < 2:
+        yield f"want two routes or more, got {len(routes)} ({', '.join(routes) or 'none'})"
+    policy = cfg.routing.policy
+    names = [f"static-{r}" for r in routes]
+    if policy not in ("profiled", "rules", *names):
+        yield _not_one_of("routing.policy", policy, ("profiled", "rules", *names))
+    default = cfg.routing.tuning.rules.default_route
+    if default is not None and default not in routes:
+        yield _not_one_of("routing.tuning.rules.default_route", default, tuple(routes))
+    if policy == "rules" and not (
+        any(c.speculative for c in routes.values())
+        and any(not c.speculative for c in routes.values())
+    ):
+        yield 'routing.policy = "rules" wants a route with speculation and one without'
+    if cfg.backends.pairs is Pairing.BY_INDEX:
+        counts = {name: len(c.urls) for name, c in routes.items()}
+        if len(set(counts.values())) > 1:
+            got = ", ".join(f"{n} {c}" for n, c in counts.items())
+            yield (
+                f'backends.pairs = "by-index" groups the routes\' URLs by position, so it'
+                f" needs as many for each route: got {got}"
+            )
 
 
 def _table_problems(obj: Any, path: str) -> Iterator[str]:
@@ -374,8 +470,15 @@ def _table_problems(obj: Any, path: str) -> Iterator[str]:
         obj.num_speculative_tokens < 1 or obj.draft_cost_ratio < 0
     ):
         yield (f"{path}: num_speculative_tokens must be >= 1 and draft_cost_ratio >= 0")
-    if isinstance(obj, BackendsConfig) and _pairs_problem(obj):
-        yield _pairs_problem(obj)
+    if isinstance(obj, SpeculativeBackendConfig | RouteConfig):
+        k, method = obj.num_speculative_tokens, obj.method
+        if k < 0 or (k == 0) != (method == "none"):
+            yield (
+                f"{key('num_speculative_tokens')} = {k} with {key('method')} = {method!r}:"
+                ' a route speculates (k >= 1, a method) or not (k = 0, "none")'
+            )
+        if not 0.0 <= obj.draft_cost_ratio <= 10.0:
+            yield f"{key('draft_cost_ratio')} must be within [0, 10]"
 
 
 def _not_one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -431,6 +534,20 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
             raise _Reported
         return built
     origin = typing.get_origin(hint)
+    if origin is Mapping:  # tables by name ([routes.NAME]), in the file's order
+        _, item = typing.get_args(hint)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be tables: [{key}.NAME]")
+        built_items: dict[str, Any] = {}
+        failed = False
+        for name, table in value.items():
+            try:
+                built_items[str(name)] = _convert(item, table, _join(key, str(name)), problems)
+            except _Reported:
+                failed = True
+        if failed:
+            raise _Reported
+        return built_items
     if origin is typing.Literal:
         if value not in typing.get_args(hint):
             raise ConfigError(f"{key} must be one of {typing.get_args(hint)}")
@@ -459,7 +576,7 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key} must be a list")
         items = [_convert(item, v, key, problems) for v in value]
-        if key.startswith("backends.") and key.endswith(".urls"):
+        if key.startswith(("backends.", "routes.")) and key.endswith(".urls"):
             items = [normalize_backend_url(v, key) for v in items]
         return tuple(items)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -488,6 +605,10 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         return value
+    if hint is Route:
+        if not (isinstance(value, str) and ROUTE_NAME.match(value)):
+            raise ConfigError(f"{key} must be a route's name, got {value!r}")
+        return Route(value)
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string, got {value!r}")
@@ -523,6 +644,11 @@ def _tables_of() -> dict[str, tuple[str, ...]]:
     def walk(cls: type[Any], path: str) -> None:
         for name, hint in typing.get_type_hints(cls).items():
             found.setdefault(name, []).append(path)
+            origin = typing.get_origin(hint)
+            if origin is Mapping:  # tables by name: [routes.NAME]
+                hint, name = typing.get_args(hint)[1], f"{name}.NAME"
+            elif origin in (types.UnionType, typing.Union):  # an optional table
+                hint = next(a for a in typing.get_args(hint) if a is not type(None))
             if dataclasses.is_dataclass(hint):
                 walk(typing.cast(type[Any], hint), _join(path, name))
 
@@ -566,6 +692,8 @@ def _object_schema(cls: type[Any]) -> dict[str, Any]:
         prop = _type_schema(hints[f.name])
         if f.name in _CHOICES.get(cls, {}):
             prop["enum"] = list(_CHOICES[cls][f.name])
+        if f.name in _PATTERNS.get(cls, {}):
+            prop["pattern"] = _PATTERNS[cls][f.name]
         if f.name in _POSITIVE.get(cls, ()):
             prop["exclusiveMinimum"] = 0
         if f.default is not dataclasses.MISSING and f.default is not None:
@@ -588,6 +716,13 @@ def _type_schema(hint: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(hint):
         return _object_schema(typing.cast(type[Any], hint))
     origin = typing.get_origin(hint)
+    if origin is Mapping:
+        _, item = typing.get_args(hint)
+        return {
+            "type": "object",
+            "propertyNames": {"pattern": ROUTE_NAME.pattern},
+            "additionalProperties": _type_schema(item),
+        }
     if origin is typing.Literal:
         return {"enum": list(typing.get_args(hint))}
     if origin in (types.UnionType, typing.Union):
@@ -598,6 +733,8 @@ def _type_schema(hint: Any) -> dict[str, Any]:
         return {"type": "array", "items": _type_schema(item)}
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return {"type": "string", "enum": [str(m.value) for m in hint]}
+    if hint is Route:
+        return {"type": "string", "pattern": ROUTE_NAME.pattern}
     names = {float: "number", int: "integer", bool: "boolean", str: "string"}
     return {"type": names[hint]}
 

@@ -92,19 +92,20 @@ def build_policy(config: Config) -> Policy:
     routing = config.routing
     name = routing.policy
     if name == "profiled":
-        spec = config.backends.speculative
         return ProfiledPolicy(
             routing.tuning,
-            k=spec.num_speculative_tokens,
-            draft_cost_ratio=spec.draft_cost_ratio,
+            routes=config.route_specs,
             guards=routing.guards,
             model=load_model(routing.model_path),
         )
-    if name == "static-speculative":
-        return StaticPolicy(Route.SPECULATIVE)
-    if name == "static-baseline":
-        return StaticPolicy(Route.BASELINE)
-    return RulesPolicy(routing.tuning.rules, guards=routing.guards, features=routing.features)
+    if name.startswith("static-"):  # the config checked it names a route
+        return StaticPolicy(Route(name.removeprefix("static-")))
+    return RulesPolicy(
+        routing.tuning.rules,
+        routes=config.route_specs,
+        guards=routing.guards,
+        features=routing.features,
+    )
 
 
 def load_model(path: str) -> AcceptanceModel | None:

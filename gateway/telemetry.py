@@ -217,8 +217,9 @@ class Metrics:
         )
         self.estimated_acceptance = Gauge(
             "specroute_estimated_acceptance_ratio",
-            "The cost model's per-position draft acceptance estimate a, by workload.",
-            ["workload"],
+            "The cost model's per-position draft acceptance estimate a, by speculative route "
+            "and workload.",
+            ["route", "workload"],
             registry=r,
         )
         self.backend_running = Gauge(
@@ -257,15 +258,15 @@ class Metrics:
         self.attributed_acceptance = Gauge(
             "specroute_attributed_acceptance_ratio",
             "Accepted/drafted tokens per workload, attributed from vLLM's spec_decode counters "
-            "by decoding time; NaN until its standard error is below 0.03.",
-            ["workload"],
+            "by decoding time, per speculative route; NaN until its standard error is below 0.03.",
+            ["route", "workload"],
             registry=r,
         )
         self.attributed_draft_tokens = Gauge(
             "specroute_attributed_draft_tokens",
             "Effective (decayed, other workloads' share removed) drafted tokens behind each "
-            "workload's attributed acceptance.",
-            ["workload"],
+            "workload's attributed acceptance, per speculative route.",
+            ["route", "workload"],
             registry=r,
         )
         self.attribution_windows = Counter(

@@ -153,10 +153,15 @@ def render_shadows(shadows: list[dict[str, Any]]) -> list[str]:
         sides: dict[str, list[float]] = {side: [] for side in SIDES}
         for r in records:
             if r.get("comparable"):
-                chosen = Route(r["primary_route"])
-                timing = PairedTiming.of(chosen, float(r["primary_s"]), float(r["shadow_s"]))
+                chosen, other = Route(r["primary_route"]), Route(r["shadow_route"])
+                # Which speculates: the line says; a line from before routes had names,
+                # the two-route configuration's "speculative".
+                spec = r.get("speculated", Route.SPECULATIVE.value)
+                timing = PairedTiming.of(
+                    chosen, float(r["primary_s"]), other, float(r["shadow_s"]), {spec}
+                )
                 sums.add(timing)
-                for side, seconds in zip(SIDES, timing.sides(), strict=True):
+                for side, seconds in timing.sides().items():
                     sides[side].append(seconds)
         speed_ci = ratio_of_sums(sides["baseline"], sides["speculative"])
         regret_ci = ratio_of_sums(sides["chosen"], sides["faster"])

@@ -32,7 +32,6 @@ from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
-from classifier.types import Route
 from gateway.backends.pool import Backend, Upstream
 from gateway.errors import LOGGED, APIError, draining, request_id
 from gateway.request.dispatch import ROUTE_HEADER, note_failure
@@ -169,10 +168,9 @@ def targets_for(request: web.Request) -> list[tuple[Backend, Upstream]]:
     config = request.app[RUNTIME].current.config
     wanted = request.headers.get(ROUTE_HEADER, "").strip().lower()
     forced = wanted if config.server.allow_route_override else ""
-    if forced and forced not in (r.value for r in Route):
-        raise APIError(
-            400, f"{ROUTE_HEADER} must be 'speculative' or 'baseline'", param=ROUTE_HEADER
-        )
+    if forced and forced not in config.routes:
+        names = ", ".join(f"'{r.value}'" for r in config.routes)
+        raise APIError(400, f"{ROUTE_HEADER} must name a route: one of {names}", param=ROUTE_HEADER)
     pairs = [(b, u) for b in request.app[BACKENDS] for u in b.upstreams]
     return sorted(
         pairs,

@@ -12,11 +12,13 @@ attribution runs when a scrape lands, and a request only reads its result.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import structlog
 
 from classifier.attribution import CounterAttribution, DecodeLog
 from classifier.features import Workload
+from classifier.types import Route
 from gateway.backends.scraper import Scrape, counter_window
 from gateway.telemetry import Metrics
 from gateway.wire.acceptance import COUNTER_ATTRIBUTION, PER_REQUEST_METRICS, STREAM_STEPS, UNKNOWN
@@ -27,27 +29,37 @@ log = structlog.get_logger("specroute.acceptance")
 
 
 class AcceptanceSources:
-    """Counter attribution per workload, and which source speculative answers use."""
+    """Counter attribution per speculative route and workload, and which source
+    speculative answers use."""
 
     def __init__(
-        self, metrics: Metrics, *, max_window_s: float, num_speculative_tokens: int = 4
+        self, metrics: Metrics, *, max_window_s: float, speculative: Mapping[Route, int]
     ) -> None:
+        """`speculative`: each speculative route's k (a route's counters are its own:
+        one route's acceptance is never another's)."""
         self._metrics = metrics
         self._max_window_s = max_window_s
         # A step accepts 0..k of its k drafts: noise alone gives at most k/4 of
         # variance per drafted token, what a rate's standard error starts from.
-        self.attribution = CounterAttribution(
-            [w.value for w in Workload], noise_floor=max(num_speculative_tokens, 1) / 4
-        )
+        self.attribution = {
+            route: CounterAttribution([w.value for w in Workload], noise_floor=max(k, 1) / 4)
+            for route, k in speculative.items()
+        }
         # Whether the speculative server sends per-request metrics: None until
         # a successful speculative answer says so, then what the last one said.
         self.per_request_metrics: bool | None = None
         self._in_use = UNKNOWN
         for source in SOURCES:
             metrics.acceptance_source.labels(source).set(int(source == UNKNOWN))
-        for w in Workload:
-            metrics.attributed_acceptance.labels(w.value).set(math.nan)
-            metrics.attributed_draft_tokens.labels(w.value).set(0.0)
+        for route in self.attribution:
+            for w in Workload:
+                metrics.attributed_acceptance.labels(route.value, w.value).set(math.nan)
+                metrics.attributed_draft_tokens.labels(route.value, w.value).set(0.0)
+
+    @property
+    def attribution_ready(self) -> bool:
+        """Some speculative route's attribution is certain enough to be used."""
+        return any(a.ready for a in self.attribution.values())
 
     @property
     def in_use(self) -> str:
@@ -60,11 +72,12 @@ class AcceptanceSources:
             "acceptance_source",
             source=self._in_use,
             per_request_metrics=self.per_request_metrics,
-            attribution_ready=self.attribution.ready,
+            attribution_ready=self.attribution_ready,
         )
 
-    def attributed_rate(self, workload: Workload) -> float | None:
-        estimate = self.attribution.estimate(workload.value)
+    def attributed_rate(self, route: Route, workload: Workload) -> float | None:
+        attribution = self.attribution.get(route)
+        estimate = attribution.estimate(workload.value) if attribution is not None else None
         return estimate.rate if estimate else None
 
     def saw_answer(self, spec_metrics: bool | None) -> None:
@@ -76,7 +89,7 @@ class AcceptanceSources:
         self._update()
 
     def window(
-        self, backend: str, before: Scrape | None, after: Scrape, decode: DecodeLog, inflight: int
+        self, backend: Route, before: Scrape | None, after: Scrape, decode: DecodeLog, inflight: int
     ) -> str | None:
         """Attribute one server's counter deltas between two scrapes to the requests
         that were decoding there; returns the window's outcome (None: no counters)."""
@@ -85,7 +98,8 @@ class AcceptanceSources:
             return None
         decode_s = decode.take(before.at, after.at)
         window = counter_window(before, after)
-        if window == "no_counters":
+        attribution = self.attribution.get(backend)
+        if window == "no_counters" or attribution is None:
             return None
         if isinstance(window, str):
             outcome = window
@@ -97,21 +111,22 @@ class AcceptanceSources:
             outcome = "lost"  # more requests ended than the log keeps between scrapes
         elif not any(decode_s.values()):
             outcome = "unattributed"  # drafts, but nothing of ours was decoding
-        elif self.attribution.observe(window.draft_tokens, window.accepted_tokens, decode_s):
+        elif attribution.observe(window.draft_tokens, window.accepted_tokens, decode_s):
             outcome = "attributed"
         else:
             outcome = "invalid"
-        self._metrics.attribution_windows.labels(backend, outcome).inc()
+        self._metrics.attribution_windows.labels(backend.value, outcome).inc()
         if outcome == "attributed":
-            self._export()
+            self._export(backend, attribution)
             self._update()
         return outcome
 
-    def _export(self) -> None:
+    def _export(self, route: Route, attribution: CounterAttribution) -> None:
         m = self._metrics
-        for key, estimate in self.attribution.estimates().items():
-            m.attributed_acceptance.labels(key).set(estimate.rate if estimate else math.nan)
-            m.attributed_draft_tokens.labels(key).set(self.attribution.support(key))
+        for key, estimate in attribution.estimates().items():
+            rate = estimate.rate if estimate else math.nan
+            m.attributed_acceptance.labels(route.value, key).set(rate)
+            m.attributed_draft_tokens.labels(route.value, key).set(attribution.support(key))
 
     def _update(self) -> None:
         if self.per_request_metrics is None:
@@ -119,7 +134,7 @@ class AcceptanceSources:
         elif self.per_request_metrics:
             source = PER_REQUEST_METRICS
         else:
-            source = COUNTER_ATTRIBUTION if self.attribution.ready else STREAM_STEPS
+            source = COUNTER_ATTRIBUTION if self.attribution_ready else STREAM_STEPS
         if source == self._in_use:
             return
         m = self._metrics
@@ -130,5 +145,5 @@ class AcceptanceSources:
             "acceptance_source",
             source=source,
             per_request_metrics=self.per_request_metrics,
-            attribution_ready=self.attribution.ready,
+            attribution_ready=self.attribution_ready,
         )

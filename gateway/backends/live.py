@@ -68,17 +68,15 @@ def pair_state(pool: BackendPool, pair: int, ghosts: Ghosts) -> LiveState:
     caught = ghosts.caught(pair)
     if not any(caught.values()):
         return state
-    return LiveState(
-        speculative=_without(state.speculative, caught[Route.SPECULATIVE]),
-        baseline=_without(state.baseline, caught[Route.BASELINE]),
-    )
+    return LiveState({r: _without(s, caught.get(r, 0)) for r, s in state.servers.items()})
 
 
 def foreign(state: LiveState, others_before: Mapping[Route, int]) -> bool:
     """Requests the gateway did not send on one route of the pair, at the last scrape
     and at the one before it."""
     return any(
-        (state.of(route).others or 0) > 0 and others_before.get(route, 0) > 0 for route in Route
+        (s.others or 0) > 0 and others_before.get(route, 0) > 0
+        for route, s in state.servers.items()
     )
 
 
@@ -86,7 +84,7 @@ def whole_servers(state: LiveState, others_before: Mapping[Route, int]) -> LiveS
     """`state` as the servers carry it, where others' requests are on them (see above)."""
     if not foreign(state, others_before):
         return state
-    return LiveState.pair(speculative=_whole(state.speculative), baseline=_whole(state.baseline))
+    return LiveState({route: _whole(s) for route, s in state.servers.items()})
 
 
 def _whole(backend: BackendState) -> BackendState:

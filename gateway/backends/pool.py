@@ -1,15 +1,15 @@
-"""The two backends (speculative, baseline): endpoints, health, in-flight counts.
+"""The backends, one per configured route: endpoints, health, in-flight counts.
 
 The router needs a cheap, always-current picture of load; the gateway's own
 in-flight count per backend is that picture (it is exact and costs nothing),
 and health probes say which endpoints may be used at all.
 
 A backend (a route) may have several endpoints; `backends.pairs` says which
-speculative and baseline endpoints share a GPU. Each such `Pair` is what one
-decision is about: the request goes to the least loaded pair, the policy sees
-that pair's endpoints only, and the request goes to the pair's endpoint of the
-route it chose (another endpoint of that route only if the pair's is down).
-With the default, every endpoint of both routes is one pair.
+endpoints of the routes share a GPU. Each such group (`Pair`: a pair for two
+routes) is what one decision is about: the request goes to the least loaded
+group, the policy sees that group's endpoints only, and the request goes to the
+group's endpoint of the route it chose (another endpoint of that route only if
+the group's is down). With the default, every endpoint of every route is one group.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,7 +38,7 @@ from gateway.backends.scraper import (
     scrape_once,
     sleep_until_next,
 )
-from gateway.config import BackendConfig, BackendsConfig, Pairing
+from gateway.config import BackendConfig, Pairing, RouteConfig
 from gateway.telemetry import Metrics
 
 log = structlog.get_logger("specroute.backends")
@@ -49,7 +49,7 @@ class Upstream:
     """One vLLM server: a base URL (without /v1) and what we know of it."""
 
     url: str
-    pair: int = 0  # the GPU pair it belongs to (backends.pairs)
+    pair: int = 0  # the GPU group it belongs to (backends.pairs)
     inflight: int = 0
     prefill_tokens: int = 0  # prompts of streams sent here with no first token yet
     mix: dict[Workload, int] = field(default_factory=dict)  # in flight, by workload
@@ -133,30 +133,34 @@ class Backend:
 
 @dataclass(frozen=True, slots=True)
 class Pair:
-    """The speculative and baseline endpoints that share one GPU: what one decision
-    is about (backends.pairs; with the default, every endpoint of both routes)."""
+    """The endpoints of every route that share one GPU: what one decision is about
+    (backends.pairs; with the default, every endpoint of every route). A pair for
+    the two-route configuration; a group of N for N routes."""
 
     index: int
-    speculative: tuple[Upstream, ...]
-    baseline: tuple[Upstream, ...]
+    endpoints: Mapping[Route, tuple[Upstream, ...]]
 
     def of(self, route: Route) -> tuple[Upstream, ...]:
-        return self.speculative if route == Route.SPECULATIVE else self.baseline
+        return self.endpoints[route]
+
+    @property
+    def upstreams(self) -> tuple[Upstream, ...]:
+        """Its endpoints, every route's."""
+        return tuple(u for group in self.endpoints.values() for u in group)
 
     @property
     def inflight(self) -> int:
-        """The gateway's requests in flight on its endpoints, both routes."""
-        return sum(u.inflight for u in (*self.speculative, *self.baseline))
+        """The gateway's requests in flight on its endpoints, every route."""
+        return sum(u.inflight for u in self.upstreams)
 
     @property
     def healthy(self) -> bool:
-        return any(u.healthy for u in (*self.speculative, *self.baseline))
+        return any(u.healthy for u in self.upstreams)
 
     def state(self, max_age_s: float = float("inf")) -> LiveState:
-        """Live state of its endpoints only, for the policy's decision within the pair."""
+        """Live state of its endpoints only, for the policy's decision within the group."""
         return LiveState(
-            speculative=endpoints_state(self.speculative, max_age_s),
-            baseline=endpoints_state(self.baseline, max_age_s),
+            {route: endpoints_state(ups, max_age_s) for route, ups in self.endpoints.items()}
         )
 
 
@@ -203,19 +207,15 @@ def _mix(upstreams: Sequence[Upstream]) -> tuple[tuple[Workload, int], ...]:
 
 
 def _pairs(backends: Iterable[Backend]) -> tuple[Pair, ...]:
-    """The pairs, from the pair index each endpoint was given."""
+    """The groups, from the group index each endpoint was given."""
     by_route = {b.route: b.upstreams for b in backends}
     count = 1 + max(u.pair for upstreams in by_route.values() for u in upstreams)
     pairs = tuple(
-        Pair(
-            i,
-            tuple(u for u in by_route[Route.SPECULATIVE] if u.pair == i),
-            tuple(u for u in by_route[Route.BASELINE] if u.pair == i),
-        )
+        Pair(i, {r: tuple(u for u in ups if u.pair == i) for r, ups in by_route.items()})
         for i in range(count)
     )
-    if not all(p.speculative and p.baseline for p in pairs):
-        raise ValueError("backends: every pair needs a speculative and a baseline endpoint")
+    if not all(all(p.endpoints.values()) for p in pairs):
+        raise ValueError("backends: every GPU group needs an endpoint of every route")
     return pairs
 
 
@@ -230,7 +230,8 @@ def _others(upstream: Upstream) -> int | None:
 class BackendPool:
     def __init__(
         self,
-        config: BackendsConfig,
+        routes: Mapping[Route, RouteConfig],
+        pairing: Pairing,
         metrics: Metrics,
         *,
         scrape_max_age_s: float = 10.0,
@@ -247,13 +248,13 @@ class BackendPool:
         self._idle = asyncio.Event()  # nothing in flight anywhere: what a drain waits for
         self._idle.set()
         self._backends = {
-            route: Backend.from_config(route, config.of(route), config.pairs) for route in Route
+            route: Backend.from_config(route, config, pairing) for route, config in routes.items()
         }
         self.pairs = _pairs(self._backends.values())
         self.sources = AcceptanceSources(
             metrics,
             max_window_s=scrape_max_age_s,
-            num_speculative_tokens=config.speculative.num_speculative_tokens,
+            speculative={r: c.num_speculative_tokens for r, c in routes.items() if c.speculative},
         )
         for route, backend in self._backends.items():
             metrics.prefill_pending.labels(route.value).set_function(backend.prefill_tokens)
@@ -286,15 +287,13 @@ class BackendPool:
         age = self._scrape_max_age_s
         if pair is not None:
             return self.pairs[pair].state(age)
-        return LiveState(
-            speculative=self._backends[Route.SPECULATIVE].state(age),
-            baseline=self._backends[Route.BASELINE].state(age),
-        )
+        return LiveState({route: b.state(age) for route, b in self._backends.items()})
 
     def others_before(self, pair: int) -> dict[Route, int]:
         """Others' requests on each route of `pair` at the scrape before the last."""
         return {
-            route: sum(u.others_before or 0 for u in self.pairs[pair].of(route)) for route in Route
+            route: sum(u.others_before or 0 for u in ups)
+            for route, ups in self.pairs[pair].endpoints.items()
         }
 
     def pick(self, route: Route, pair: int) -> Upstream:
@@ -482,7 +481,7 @@ class BackendPool:
                 if window is not None:
                     upstream.acceptance = window
             self.sources.window(
-                backend.route.value, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
+                backend.route, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
             )
             upstream.others_before = _others(upstream)
             upstream.scrape = scrape

@@ -48,12 +48,13 @@ def _route_failed(record: RequestRecord) -> bool:
 
 
 def _show_beliefs(policy: Policy, metrics: Metrics) -> None:
-    for workload, a in policy.estimated_acceptance().items():
-        metrics.estimated_acceptance.labels(workload.value).set(a)
+    for route, believed in policy.estimated_acceptance().items():
+        for workload, a in believed.items():
+            metrics.estimated_acceptance.labels(route.value, workload.value).set(a)
 
 
 def predicted_header(decision: Decision) -> str | None:
-    """`speculative=0.812;baseline=1.034`: both predicted latencies, in seconds."""
+    """`speculative=0.812;baseline=1.034`: every route's predicted latency, in seconds."""
     if not decision.predicted_s:
         return None
     return ";".join(f"{r.value}={s:.3f}" for r, s in decision.predicted_s.items())

@@ -11,7 +11,7 @@ import aiohttp
 from classifier.profile import Curve, EngineProfile
 from classifier.tokens import load_tiktoken_counter
 from gateway.config import Config
-from gateway.profiling.lifecycle import load_profile, save_json, targets
+from gateway.profiling.lifecycle import load_profile, max_batch, reference, save_json, targets
 from gateway.profiling.probes import ProbeFailed, identify, measure_profile
 
 
@@ -44,18 +44,16 @@ def run_profile(config: Config, out: Path | None, *, show: bool) -> int:
 async def _measure(config: Config) -> EngineProfile:
     tokens = load_tiktoken_counter(config.routing.tokenizer)
     async with aiohttp.ClientSession() as session:
-        found = targets(config)
-        ident = await identify(session, found[1])
+        found, first = targets(config), reference(config)
+        ident = await identify(session, first)
         if ident is None:
-            raise ProbeFailed(f"the baseline at {found[1].url} does not answer /v1/models")
+            raise ProbeFailed(f"{first.name} at {first.url} does not answer /v1/models")
         return await measure_profile(
             session,
             found,
             model=ident.model,
             tokens=tokens,
-            max_batch=min(
-                config.backends.speculative.max_inflight, config.backends.baseline.max_inflight, 32
-            ),
+            max_batch=max_batch(config),
             budget_s=config.routing.profile_budget_s,
             progress=lambda line: print(f"[profile] {line}", file=sys.stderr, flush=True),
             source="emulated" if "emulated" in ident.version else "measured",

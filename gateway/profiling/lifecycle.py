@@ -27,8 +27,8 @@ import structlog
 from aiohttp import web
 
 from classifier.profile import EngineProfile, ProfileError, ServerIdentity
-from classifier.types import Policy, Route
-from gateway.config import Config
+from classifier.types import Policy
+from gateway.config import Config, RouteConfig
 from gateway.files import read_optional
 from gateway.profiling.probes import ProbeFailed, ProfileTarget, identify, measure_profile
 from gateway.state import BACKENDS, CONFIG, METRICS, PROFILE_PROGRESS, RUNTIME, SESSION, TOKENS
@@ -40,23 +40,36 @@ _SAVE_STATE_S = 60.0
 
 
 def targets(config: Config) -> list[ProfileTarget]:
-    """The first URL of each route (a pair per GPU runs the same servers: one profile)."""
-    spec, base = config.backends.speculative, config.backends.baseline
+    """The first URL of each route (a group per GPU runs the same servers: one profile)."""
 
     def headers(env: str) -> dict[str, str]:
         key = os.environ.get(env, "") if env else ""
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def described(c: RouteConfig) -> str:
+        if not c.speculative:
+            return "none"
+        return f"{c.method} k={c.num_speculative_tokens} c={c.draft_cost_ratio:g}"
+
     return [
         ProfileTarget(
-            Route.SPECULATIVE.value,
-            spec.urls[0],
-            spec.num_speculative_tokens,
-            f"k={spec.num_speculative_tokens} c={spec.draft_cost_ratio:g}",
-            headers(spec.api_key_env),
-        ),
-        ProfileTarget(Route.BASELINE.value, base.urls[0], 0, "none", headers(base.api_key_env)),
+            route.value, c.urls[0], c.num_speculative_tokens, described(c), headers(c.api_key_env)
+        )
+        for route, c in config.routes.items()
     ]
+
+
+def reference(config: Config) -> ProfileTarget:
+    """The route whose server names the model for the probes: the first without
+    speculation (its /v1/models is the target's alone), else the first."""
+    found = targets(config)
+    plain = [t for t, c in zip(found, config.routes.values(), strict=True) if not c.speculative]
+    return (plain or found)[0]
+
+
+def max_batch(config: Config) -> int:
+    """The largest batch the probes run: every route's admission limit allows it, 32 at most."""
+    return min(*(c.max_inflight for c in config.routes.values()), 32)
 
 
 def load_profile(path: str) -> EngineProfile | None:
@@ -188,9 +201,10 @@ async def _measure(app: web.Application) -> bool:
         await pool.wait_idle(5.0)
     started = time.monotonic()
     log.info("profile_started", budget_s=config.routing.profile_budget_s)
-    baseline = await identify(app[SESSION], targets(config)[1])
+    first = reference(config)
+    baseline = await identify(app[SESSION], first)
     if baseline is None:
-        log.warning("profile_failed", error="the baseline does not answer /v1/models")
+        log.warning("profile_failed", error=f"{first.name} does not answer /v1/models")
         return False
     try:
         profile = await measure_profile(
@@ -198,9 +212,7 @@ async def _measure(app: web.Application) -> bool:
             targets(config),
             model=baseline.model,
             tokens=app[TOKENS],
-            max_batch=min(
-                config.backends.speculative.max_inflight, config.backends.baseline.max_inflight, 32
-            ),
+            max_batch=max_batch(config),
             budget_s=config.routing.profile_budget_s,
             progress=lambda line: _progress(app, line),
             # specroute's emulator says so in its version (0.32.0+emulated)

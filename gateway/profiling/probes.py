@@ -64,7 +64,7 @@ _BESIDE_SPREAD = 0.15
 
 @dataclass(frozen=True, slots=True)
 class ProfileTarget:
-    name: str  # the route: "speculative" or "baseline"
+    name: str  # the route's name
     url: str  # base URL without /v1
     num_speculative_tokens: int  # 0: no speculation
     speculative: str  # what the config says it runs ("none" without speculation)

@@ -19,11 +19,13 @@ neither moved to another endpoint nor failed over.
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from classifier.types import Route
+from classifier.types import Decision, Route
 from gateway.backends.pool import Backend, BackendPool, Upstream
 from gateway.config import Config
 from gateway.errors import APIError
@@ -66,6 +68,27 @@ class Routed:
     pair: int = 0  # the GPU pair it was decided for (BackendPool.choose_pair)
     pinned: Upstream | None = None  # the one endpoint that may answer (a stored response's)
     read_events: EventReader = read_chat_events  # what a streamed answer's events say
+    # The other routes in the order the decision ranked them (its predictions, cheapest
+    # first; without predictions, the configuration's order): where a failover goes.
+    alternatives: tuple[Route, ...] = ()
+
+
+def alternatives(decision: Decision, routes: Iterable[Route]) -> tuple[Route, ...]:
+    """The routes other than the decision's, the predicted cheapest first."""
+    predicted = decision.predicted_s or {}
+    others = [r for r in routes if r != decision.route]
+    return tuple(sorted(others, key=lambda r: predicted.get(r, math.inf)))
+
+
+def _other(pool: BackendPool, routed: Routed, route: Route) -> Route:
+    """Where a request leaves `route` for: the decision's route if it is not `route`
+    (a third attempt returns there), else the best alternative with room and health,
+    else the best alternative."""
+    if route != routed.route:
+        return routed.route
+    ranked = routed.alternatives or tuple(b.route for b in pool if b.route != route)
+    usable = [r for r in ranked if pool.of(r).healthy and pool.of(r).has_room]
+    return (usable or list(ranked) or [route])[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +123,7 @@ async def dispatch(
             first_dead = first_dead or (attempt == 0 and answer.dead)
             budget_slots += answer.budgeted
             life.failed_over(route)
-            route = route.other
+            route = _other(pool, routed, route)
     finally:
         for _ in range(budget_slots):
             pool.release_retry()
@@ -166,7 +189,8 @@ async def _attempt(
             )
             traced.answered(response.status)
             sick = response.status >= 500 and retry is _Retry.ANY
-            if sick and (move := _retry(pool, config, route, routed.pair)):
+            other = _other(pool, routed, route)
+            if sick and (move := _retry(pool, config, other, routed.pair)):
                 response.close()
                 pool.report_failure(backend, upstream, "http_5xx")
                 return move
@@ -182,7 +206,7 @@ async def _attempt(
         except UpstreamFailure as failure:  # nothing reached the client
             traced.failed(failure.kind)
             note_failure(pool, backend, upstream, failure)
-            move = _move_after(pool, config, route, routed.pair, failure, retry)
+            move = _move_after(pool, config, routed, route, failure, retry)
             return move or failure_response(meter, failure, headers)
     if meter.error_kind in _RELAY_FAILURES:
         pool.report_failure(backend, upstream, meter.error_kind or "")
@@ -205,18 +229,19 @@ def note_failure(
 def _move_after(
     pool: BackendPool,
     config: Config,
+    routed: Routed,
     route: Route,
-    pair: int,
     failure: UpstreamFailure,
     retry: _Retry,
 ) -> _FailOver | None:
-    """Whether the other backend answers instead, after a failure before any byte."""
+    """Whether another backend answers instead, after a failure before any byte."""
+    other = _other(pool, routed, route)
     if failure.dead and retry is not _Retry.NONE and config.upstream.failover:
         # Down (refused, or the connection dropped before an answer): the
         # other backend is tried whatever its state, the attempt is the probe.
-        return _FailOver(budgeted=False, dead=True) if pool.of(route.other).has_room else None
+        return _FailOver(budgeted=False, dead=True) if pool.of(other).has_room else None
     if failure.retryable and retry is _Retry.ANY:
-        return _retry(pool, config, route, pair)
+        return _retry(pool, config, other, routed.pair)
     return None
 
 
@@ -228,16 +253,16 @@ def _can_take(pool: BackendPool, config: Config, route: Route, *, ejected_too: b
     return config.upstream.failover and usable and backend.has_room
 
 
-def _retry(pool: BackendPool, config: Config, route: Route, pair: int) -> _FailOver | None:
-    """Retry a sick backend's failure (5xx, connect timeout) on the other one.
+def _retry(pool: BackendPool, config: Config, other: Route, pair: int) -> _FailOver | None:
+    """Retry a sick backend's failure (5xx, connect timeout) on `other`.
 
     A healthy other backend with no failures of its own takes it freely: that is
     failover, not a storm. The retry budget bounds retries onto a backend that is
     itself failing, so that a sick pair is not sent twice the load.
     """
-    if not _can_take(pool, config, route.other, ejected_too=False):
+    if not _can_take(pool, config, other, ejected_too=False):
         return None
-    if pool.of(route.other).proven(pool.pairs[pair].of(route.other)):
+    if pool.of(other).proven(pool.pairs[pair].of(other)):
         return _FailOver(budgeted=False)
     upstream = config.upstream
     if pool.try_acquire_retry(upstream.retry_budget_ratio, upstream.retry_budget_min):
@@ -253,7 +278,7 @@ def admit(pool: BackendPool, config: Config, routed: Routed, life: RequestLife) 
     chosen = pool.of(route)
     if (chosen.healthy or routed.pinned) and chosen.has_room:
         return route
-    other = route.other
+    other = _other(pool, routed, route)
     if not routed.pinned and (
         _can_take(pool, config, other, ejected_too=False)
         or (not chosen.reachable and _can_take(pool, config, other, ejected_too=True))
@@ -265,7 +290,7 @@ def admit(pool: BackendPool, config: Config, routed: Routed, life: RequestLife) 
     life.meter.fail("overloaded")
     raise APIError(
         429,
-        f"both backends are at their admission limit ({route.value} was chosen)",
+        f"the backends are at their admission limit ({route.value} was chosen)",
         code="overloaded",
         headers={"Retry-After": "1"},
     )

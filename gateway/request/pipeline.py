@@ -18,7 +18,7 @@ from aiohttp import web
 
 from classifier.features import Endpoint, FeatureOptions, RequestFeatures, extract_features
 from classifier.tokens import TokenCounter
-from classifier.types import Decision, LiveState, Route
+from classifier.types import Decision, LiveState
 from gateway.backends.live import for_decision
 from gateway.config import Config
 from gateway.errors import LOGGED, APIError, draining, request_id
@@ -26,7 +26,7 @@ from gateway.outcomes.accounting import count_request, log_request
 from gateway.outcomes.learning import learn, predicted_header
 from gateway.outcomes.outcome_log import outcome_line
 from gateway.request import responses
-from gateway.request.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, dispatch
+from gateway.request.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, alternatives, dispatch
 from gateway.runtime import Snapshot
 from gateway.state import (
     BACKENDS,
@@ -93,6 +93,7 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
             read_events=(
                 responses.read_events if endpoint is Endpoint.RESPONSES else read_chat_events
             ),
+            alternatives=alternatives(decision, config.routes),
         )
         answer = await dispatch(request, routed, life, config)
         if endpoint is Endpoint.RESPONSES and (answered_by := request.get(ANSWERED_BY)):
@@ -120,7 +121,8 @@ def settle(app: web.Application, snapshot: Snapshot, life: RequestLife) -> None:
     standalone gateway and the Envoy picker (gateway/extproc) both end requests here."""
     config = snapshot.config
     sources = app[BACKENDS].sources
-    record = life.close(config.backends.speculative.num_speculative_tokens, sources.attributed_rate)
+    ks = {route: c.num_speculative_tokens for route, c in config.routes.items()}
+    record = life.close(ks, sources.attributed_rate)
     sources.saw_answer(record.spec_metrics)
     annotate(app.get(TRACING), record, life.meter.report)  # the request's span, if traced
     count_request(app[METRICS], record)
@@ -200,12 +202,12 @@ def route_override(wanted: str | None, config: Config) -> Decision | None:
     """The route the client forced with x-specroute-route, if the config allows it."""
     if wanted is None or not config.server.allow_route_override:
         return None
-    try:
-        return Decision(route=Route(wanted.strip().lower()), reason="override")
-    except ValueError:
-        raise APIError(
-            400, f"{ROUTE_HEADER} must be 'speculative' or 'baseline'", param=ROUTE_HEADER
-        ) from None
+    name = wanted.strip().lower()
+    for route in config.routes:
+        if route == name:
+            return Decision(route=route, reason="override")
+    names = ", ".join(f"'{r.value}'" for r in config.routes)
+    raise APIError(400, f"{ROUTE_HEADER} must name a route: one of {names}", param=ROUTE_HEADER)
 
 
 def ask_for_usage(body: dict[str, Any], raw: bytes, endpoint: Endpoint) -> tuple[bytes, bool]:

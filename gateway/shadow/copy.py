@@ -70,7 +70,10 @@ def primary_of(record: RequestRecord) -> Primary | None:
         record.pair,
         record.duration_s,
         lesson.completion_tokens,
-        alone=record.batch == 1 and lesson.state.of(lesson.route.other).inflight == 0,
+        alone=record.batch == 1
+        and not any(
+            state.inflight for route, state in lesson.state.servers.items() if route != lesson.route
+        ),
         model=model if isinstance(model := record.body.get("model"), str) else None,
         trace=record.trace,
     )
@@ -217,13 +220,13 @@ def answer_of(
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     completion = completion if isinstance(completion, int) else None
     acceptance = None
-    if route == Route.SPECULATIVE:
+    if num_speculative_tokens > 0:
         acceptance = measured_acceptance(
             report,
             completion,
             token_events,
             features.stream and features.n == 1,
-            attributed(features.workload) if attributed is not None else None,
+            attributed(route, features.workload) if attributed is not None else None,
             num_speculative_tokens,
         )
     return ShadowAnswer(

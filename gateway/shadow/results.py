@@ -1,8 +1,10 @@
 """What a finished shadow copy leaves behind: its pair's figures, a lesson, a log line.
 
-A pair (a user request and its shadow) is the same request on both routes. It
-measures the speedup (baseline e2e / speculative e2e) and the regret of the
-choice (the chosen route's e2e / the faster one's) only when it is comparable:
+A pair (a user request and its shadow) is the same request on two routes: the one
+chosen and another (with more than two routes, one of the others, drawn). It
+measures the regret of the choice (the chosen route's e2e / the faster one's)
+and, where one of the two speculates and the other does not, the speedup of
+speculation (the plain route's e2e / the speculative one's), only when it is comparable:
 the user request ran alone on its GPU (nothing else in flight as it was sent and
 as it ended) and the shadow produced as many tokens. The shadow always runs
 alone (idle time only). Incomparable pairs still teach the latency fits, each
@@ -21,6 +23,7 @@ import dataclasses
 import math
 import time
 from collections import defaultdict
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,8 @@ from gateway.shadow.copy import Primary, ShadowAnswer
 from gateway.telemetry import Metrics
 from gateway.wire.life import Lesson
 
+# The sides a pair's seconds are summed on: speculative and baseline only for a pair of a
+# speculating route and a plain one (the speedup's), chosen and faster for every pair.
 SIDES = ("speculative", "baseline", "chosen", "faster")
 
 
@@ -45,39 +50,53 @@ def shadow_log_path(outcome_log: Path) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class PairedTiming:
-    """One comparable pair's e2e on each route, and which the gateway chose."""
+    """One comparable pair: the request's e2e on the chosen route and on another.
+    `speculated`: which of the two speculates when exactly one does (None: both or
+    neither, no speedup of speculation to read)."""
 
-    speculative_s: float
-    baseline_s: float
     chosen: Route
+    chosen_s: float
+    other: Route
+    other_s: float
+    speculated: Route | None = None
 
     @classmethod
-    def of(cls, chosen: Route, chosen_s: float, other_s: float) -> PairedTiming:
-        """From the user request's route and e2e and its copy's e2e."""
-        if chosen == Route.SPECULATIVE:
-            return cls(chosen_s, other_s, chosen)
-        return cls(other_s, chosen_s, chosen)
-
-    @property
-    def chosen_s(self) -> float:
-        return self.speculative_s if self.chosen == Route.SPECULATIVE else self.baseline_s
+    def of(
+        cls,
+        chosen: Route,
+        chosen_s: float,
+        other: Route,
+        other_s: float,
+        speculative: Container[Route],
+    ) -> PairedTiming:
+        """From the user request's route and e2e, its copy's, and which routes speculate."""
+        spec = [r for r in (chosen, other) if r in speculative]
+        return cls(chosen, chosen_s, other, other_s, spec[0] if len(spec) == 1 else None)
 
     @property
     def faster_s(self) -> float:
-        return min(self.speculative_s, self.baseline_s)
+        return min(self.chosen_s, self.other_s)
 
-    def sides(self) -> tuple[float, float, float, float]:
-        """The seconds of each of SIDES, in that order."""
-        return self.speculative_s, self.baseline_s, self.chosen_s, self.faster_s
+    def sides(self) -> dict[str, float]:
+        """The seconds of the SIDES this pair has (see SIDES)."""
+        out = {"chosen": self.chosen_s, "faster": self.faster_s}
+        if self.speculated is not None:
+            on_spec = self.speculated == self.chosen
+            out["speculative"] = self.chosen_s if on_spec else self.other_s
+            out["baseline"] = self.other_s if on_spec else self.chosen_s
+        return out
 
 
-def paired(primary: Primary, answer: ShadowAnswer) -> PairedTiming | None:
-    """The pair's timing, if it is comparable (see the module's docstring)."""
+def paired(
+    primary: Primary, route: Route, answer: ShadowAnswer, speculative: Container[Route]
+) -> PairedTiming | None:
+    """The pair's timing (`route`: the copy's), if it is comparable (see the module's
+    docstring)."""
     if not primary.alone or answer.completion_tokens != primary.completion_tokens:
         return None
     if not (answer.duration_s > 0 and primary.duration_s > 0):
         return None
-    return PairedTiming.of(primary.route, primary.duration_s, answer.duration_s)
+    return PairedTiming.of(primary.route, primary.duration_s, route, answer.duration_s, speculative)
 
 
 class PairSums:
@@ -93,7 +112,7 @@ class PairSums:
 
     def add(self, timing: PairedTiming) -> None:
         self.pairs += 1
-        for side, seconds in zip(SIDES, timing.sides(), strict=True):
+        for side, seconds in timing.sides().items():
             self.seconds[side] += seconds
 
     @property
@@ -130,7 +149,7 @@ class PairTotals:
         sums = self._by[workload]
         sums.add(timing)
         self._all.add(timing)
-        for side, seconds in zip(SIDES, timing.sides(), strict=True):
+        for side, seconds in timing.sides().items():
             self._metrics.shadow_seconds.labels(workload, side).inc(seconds)
         self._metrics.shadow_speedup.labels(workload).set(sums.speedup or math.nan)
         self._metrics.shadow_regret.labels(workload).set(sums.regret or math.nan)
@@ -163,7 +182,12 @@ def shadow_lesson(
 
 
 def shadow_line(
-    primary: Primary, route: Route, outcome: str, answer: ShadowAnswer | None, comparable: bool
+    primary: Primary,
+    route: Route,
+    outcome: str,
+    answer: ShadowAnswer | None,
+    comparable: bool,
+    speculative: Container[Route],
 ) -> dict[str, Any]:
     """The shadow log's line for a shadow that ran: figures only, never text."""
     acceptance = answer.acceptance if answer else None
@@ -177,6 +201,10 @@ def shadow_line(
         "primary_route": primary.route.value,
         "primary_reason": primary.reason,
         "shadow_route": route.value,
+        # Which of the two speculates (for the speedup): its name, or null (both, neither).
+        "speculated": next((r.value for r in (primary.route, route) if r in speculative), None)
+        if (primary.route in speculative) != (route in speculative)
+        else None,
         "outcome": outcome,
         "comparable": comparable,
         "primary_s": rounded(primary.duration_s),

@@ -176,7 +176,12 @@ class ShadowRunner:
             return
         if len(self._queue) >= _PENDING_MAX:
             self._count(self._queue.popleft().primary, SKIPPED)
-        self._queue.append(_Queued(primary, primary.route.other, body, time.monotonic()))
+        # One of the routes it was not sent to, drawn evenly: copies spread over them.
+        others = [b.route for b in self._pool if b.route != primary.route]
+        if not others:
+            return
+        target = others[0] if len(others) == 1 else self._rng.choice(others)
+        self._queue.append(_Queued(primary, target, body, time.monotonic()))
         self._wake.set()
 
     def user_arrived(self, upstream: Upstream) -> None:
@@ -196,7 +201,7 @@ class ShadowRunner:
         if not self._running and not self._seen:
             return {}
         p = self._pool.pairs[pair]
-        return {route: sum(self._ghosts(u) for u in p.of(route)) for route in Route}
+        return {route: sum(self._ghosts(u) for u in ups) for route, ups in p.endpoints.items()}
 
     # ---- the loop: start what may start, stop what must stop ------------------------
 
@@ -236,10 +241,16 @@ class ShadowRunner:
         index = queued.primary.pair
         pair = self._pool.pairs[index]
         state = pair_state(self._pool, index, self)
-        if self._runtime.current.config.routing.guards.reason(state.speculative) is not None:
+        config = self._runtime.current.config
+        guards = config.routing.guards
+        if any(
+            guards.reason(state.of(r)) is not None
+            for r, c in config.routes.items()
+            if c.speculative
+        ):
             return None
         shared = self._shared(index)
-        routes = tuple(Route) if shared else (queued.route,)
+        routes = state.routes if shared else (queued.route,)
         servers = [u for route in routes for u in pair.of(route)]
         if any(u.inflight for u in servers) or any(
             run.upstream in servers for run in self._running.values()
@@ -296,7 +307,11 @@ class ShadowRunner:
             self._wake.set()
         if run.ended:  # cancelled just as it finished
             return
-        k = config.backends.speculative.num_speculative_tokens
+        k = (
+            config.routes[queued.route].num_speculative_tokens
+            if queued.route in config.routes
+            else 0
+        )
         answer = answer_of(measured, queued.route, features, k, self._pool.sources.attributed_rate)
         self._end(run, COMPLETED, answer)
 
@@ -318,13 +333,16 @@ class ShadowRunner:
             self._seen[upstream.url] = (upstream.scrape, before + 1)
         primary, route = run.queued.primary, run.queued.route
         self._count(primary, outcome)
-        timing = paired(primary, answer) if answer is not None else None
+        config = self._runtime.current.config
+        speculative = {r for r, c in config.routes.items() if c.speculative}
+        timing = paired(primary, route, answer, speculative) if answer is not None else None
         if timing is not None:
             self.totals.add(primary.features.workload.value, timing)
         if answer is not None and (lesson := shadow_lesson(primary, route, run.state, answer)):
             learn_shadow(self._runtime.current.policy, self._metrics, lesson)
         if self._outcomes is not None:
-            self._outcomes.write(shadow_line(primary, route, outcome, answer, timing is not None))
+            line = shadow_line(primary, route, outcome, answer, timing is not None, speculative)
+            self._outcomes.write(line)
 
     def _finished(self, task: asyncio.Task[None], run: _Running) -> None:
         """A shadow's task ended: one that raised (a bug) is logged and counted failed."""
@@ -353,8 +371,7 @@ class ShadowRunner:
         return True if shared is None else shared
 
     def _pair_healthy(self, pair: int) -> bool:
-        p = self._pool.pairs[pair]
-        return all(u.healthy for u in (*p.speculative, *p.baseline))
+        return all(u.healthy for u in self._pool.pairs[pair].upstreams)
 
     def _others_on(self, run: _Running) -> bool:
         """Another client's requests (another replica's, direct ones) on the GPU a running
@@ -365,15 +382,15 @@ class ShadowRunner:
         oracle at c=8, four gateways on one emulated pair: 1.056x the better static
         route with shadows, 1.004x without, the same routes)."""
         index = run.upstream.pair
-        routes = tuple(Route) if self._shared(index) else (run.queued.route,)
         state = pair_state(self._pool, index, self)  # none there when it started
+        routes = state.routes if self._shared(index) else (run.queued.route,)
         return any((state.of(route).others or 0) > 0 for route in routes)
 
     def _ran_alone(self, primary: Primary) -> bool:
         """Nothing else in flight on its GPU as it ended (as it was sent: `alone`)."""
         pair = self._pool.pairs[primary.pair]
         shared = self._shared(primary.pair)
-        servers = (*pair.speculative, *pair.baseline) if shared else pair.of(primary.route)
+        servers = pair.upstreams if shared else pair.of(primary.route)
         return primary.alone and not any(u.inflight for u in servers)
 
     def _ghosts(self, upstream: Upstream) -> int:

@@ -11,7 +11,7 @@ read. Nothing reads a half-written life.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,7 @@ _STREAM_FAILURES = (*ANSWER_FAILURES, "drained")
 
 # A workload's acceptance rate attributed from vLLM's counters, or None while
 # it is too uncertain (AcceptanceSources.attributed_rate).
-AttributedRate = Callable[[Workload], float | None]
+AttributedRate = Callable[[Route, Workload], float | None]
 
 
 @dataclass(slots=True)
@@ -126,8 +126,9 @@ class RequestLife:
         self.failover_from = away_from
 
     def close(
-        self, num_speculative_tokens: int, attributed: AttributedRate | None = None
+        self, ks: Mapping[Route, int], attributed: AttributedRate | None = None
     ) -> RequestRecord:
+        """Its record; `ks`: each route's k (a speculative route's answer is measured)."""
         self.meter.finish()
         meter = self.meter
         usage = meter.usage or {}
@@ -136,11 +137,10 @@ class RequestLife:
         status = _status_label(meter)
         route = self.route or (self.decision.route if self.decision else None)
         acceptance = spec_metrics = None
-        if status == "2xx" and route == Route.SPECULATIVE:
+        k = ks.get(route, 0) if route is not None else 0
+        if status == "2xx" and route is not None and k > 0:
             spec_metrics = reports_spec_metrics(meter.report)
-            acceptance = _acceptance(
-                meter, self.features, completion, num_speculative_tokens, attributed
-            )
+            acceptance = _acceptance(meter, self.features, completion, route, k, attributed)
         return RequestRecord(
             request_id=self.request_id,
             endpoint=self.endpoint,
@@ -254,6 +254,7 @@ def _acceptance(
     meter: Meter,
     features: RequestFeatures | None,
     completion_tokens: object,
+    route: Route,
     num_speculative_tokens: int,
     attributed: AttributedRate | None,
 ) -> MeasuredAcceptance | None:
@@ -266,6 +267,6 @@ def _acceptance(
         tokens,
         meter.token_events,
         features.stream and features.n == 1,
-        attributed(features.workload) if attributed is not None else None,
+        attributed(route, features.workload) if attributed is not None else None,
         num_speculative_tokens,
     )

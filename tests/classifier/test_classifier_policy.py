@@ -273,6 +273,6 @@ def test_live_state_of_and_route_values() -> None:
 def test_defaults_and_frozen() -> None:
     assert BackendState() == BackendState(0, True, None, None, None)
     assert Decision(SPEC, "default").predicted_s is None
-    assert RulesConfig().default_route == SPEC
+    assert RulesConfig().default_route is None  # the first speculative route configured
     with pytest.raises(dataclasses.FrozenInstanceError):
         RulesConfig().prefill_ratio = 2.0  # type: ignore[misc]

@@ -9,7 +9,9 @@ import math
 import subprocess
 import sys
 import tomllib
+import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http
 def test_shipped_config_toml_is_valid() -> None:
     config = load_config(ROOT / "config.toml")
     assert config.backends.speculative.urls == ("http://127.0.0.1:8001",)
-    assert config.routing.tuning.rules.default_route == Route.SPECULATIVE
+    assert config.routing.tuning.rules.default_route is None  # the first speculative route
     assert config.routing.guards == GuardsConfig(spec_max_inflight=None, spec_max_kv_usage=0.9)
 
 
@@ -62,7 +64,10 @@ def test_urls_are_normalised_with_or_without_v1() -> None:
             {"backends": {"speculative": {"urls": ["ftp://x"]}, "baseline": BACKENDS["baseline"]}},
             "is not an http(s) URL",
         ),
-        ({"backends": {"speculative": BACKENDS["speculative"]}}, "missing key 'backends.baseline'"),
+        (
+            {"backends": {"speculative": BACKENDS["speculative"]}},
+            "no servers: want [routes.NAME] tables",
+        ),
         (
             {"backends": {"speculative": {"urls": []}, "baseline": BACKENDS["baseline"]}},
             "backends.speculative.urls must list at least one URL",
@@ -87,11 +92,11 @@ def test_bad_config_fails_with_the_key_named(raw: dict[str, object], message: st
                     "baseline": {"urls": ["http://b"], "num_speculative_tokens": 4},
                 }
             },
-            "config: unknown key 'backends.baseline.num_speculative_tokens': it belongs in [backends.speculative], not [backends.baseline]",
+            "config: unknown key 'backends.baseline.num_speculative_tokens': it belongs in [routes.NAME] or [backends.speculative], not [backends.baseline]",
         ),
         (
             {"backends": {**BACKENDS, "baseline": {"urls": ["http://b"], "draft_cost_ratio": 0.1}}},
-            "config: unknown key 'backends.baseline.draft_cost_ratio': it belongs in [backends.speculative], not [backends.baseline]",
+            "config: unknown key 'backends.baseline.draft_cost_ratio': it belongs in [routes.NAME] or [backends.speculative], not [backends.baseline]",
         ),
         (
             {"backends": BACKENDS, "routing": {"explore_max_regret": 0.1}},
@@ -178,8 +183,8 @@ def test_command_line_overrides_the_file() -> None:
         ROOT / "config.toml", "0.0.0.0", 9999, ["baseline=http://127.0.0.1:7000/v1"]
     )
     assert (config.server.host, config.server.port) == ("0.0.0.0", 9999)
-    assert config.backends.baseline.urls == ("http://127.0.0.1:7000",)
-    assert config.backends.speculative.urls == ("http://127.0.0.1:8001",)
+    assert config.routes[Route.BASELINE].urls == ("http://127.0.0.1:7000",)
+    assert config.routes[Route.SPECULATIVE].urls == ("http://127.0.0.1:8001",)
 
 
 def test_backends_alone_are_enough_without_a_file(
@@ -187,7 +192,7 @@ def test_backends_alone_are_enough_without_a_file(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     config = resolve_config(None, None, None, ["speculative=http://s:1", "baseline=http://b:2"])
-    assert config.backends.of(Route.SPECULATIVE).urls == ("http://s:1",)
+    assert config.routes[Route.SPECULATIVE].urls == ("http://s:1",)
 
 
 def test_serve_with_a_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
@@ -229,9 +234,8 @@ def test_pairs_default_to_one_pair_of_every_url() -> None:
                 "speculative": {"urls": ["http://s0:1", "http://s1:1"]},
                 "baseline": {"urls": ["http://b0:2", "http://b1:2", "http://b2:2"]},
             },
-            'backends.pairs = "by-index" pairs speculative and baseline URLs by position, so it'
-            " needs as many of each: got 2 speculative (backends.speculative.urls) and 3"
-            " baseline (backends.baseline.urls)",
+            'backends.pairs = "by-index" groups the routes\' URLs by position, so it'
+            " needs as many for each route: got speculative 2, baseline 3",
         ),
         ({**BACKENDS, "pairs": "per-gpu"}, "backends.pairs must be one of one, by-index"),
     ],
@@ -253,18 +257,30 @@ def test_a_command_line_backend_cannot_unpair_the_file(tmp_path: Path) -> None:
         '[backends.baseline]\nurls = ["http://b0:2", "http://b1:2"]\n'
     )
     assert load_config(path).backends.pairs is Pairing.BY_INDEX
-    with pytest.raises(ConfigError, match=r"got 1 speculative .* and 2 baseline"):
+    with pytest.raises(ConfigError, match=r"got speculative 1, baseline 2"):
         resolve_config(path, None, None, ["speculative=http://s:1"])
 
 
 # ---- what a hostile file holds: one line, never a traceback (at start and on SIGHUP) ----
 
 
+def _table(hint: Any) -> Any:
+    """An optional table's own type (`X | None` -> X); a [routes.NAME]'s, as "a"."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (types.UnionType, typing.Union) and len(args) == 1:
+        return args[0]
+    return hint
+
+
 def _float_keys(cls: type[Any], path: str = "") -> list[str]:
-    """Every float key of the config, however deep (the router's tuning included)."""
+    """Every float key of the config, however deep (the router's tuning included); the
+    [routes.NAME] tables' are [backends.speculative]'s (the same class, one check)."""
     keys = []
     for name, hint in typing.get_type_hints(cls).items():
         key = f"{path}.{name}" if path else name
+        hint = _table(hint)
+        if typing.get_origin(hint) is Mapping:
+            continue
         if dataclasses.is_dataclass(hint):
             keys += _float_keys(typing.cast(type[Any], hint), key)
         elif float in (hint, *typing.get_args(hint)):
@@ -469,7 +485,7 @@ def test_a_string_where_a_list_is_meant_is_refused_with_the_fix(
         ),
         (
             {"backends": BACKENDS, "server": {"max_inflight": 8}},
-            "config: unknown key 'server.max_inflight': it belongs in [backends.speculative] or"
+            "config: unknown key 'server.max_inflight': it belongs in [routes.NAME] or [backends.speculative] or"
             " [backends.baseline] or [shadow], not [server]",
         ),
         (
@@ -526,6 +542,9 @@ def _leaf_keys(cls: Any, path: str = "") -> set[str]:
     keys: set[str] = set()
     for name, hint in typing.get_type_hints(cls).items():
         key = f"{path}.{name}" if path else name
+        hint = _table(hint)
+        if typing.get_origin(hint) is Mapping:  # [routes.NAME]
+            hint, key = typing.get_args(hint)[1], f"{key}.NAME"
         keys |= _leaf_keys(hint, key) if dataclasses.is_dataclass(hint) else {key}
     return keys
 
@@ -534,6 +553,12 @@ def _schema_keys(schema: dict[str, Any], path: str = "") -> set[str]:
     keys: set[str] = set()
     for name, prop in schema["properties"].items():
         key = f"{path}.{name}" if path else name
+        if (
+            prop.get("type") == "object"
+            and "additionalProperties" in prop
+            and ("properties" not in prop)
+        ):  # tables by name
+            prop, key = prop["additionalProperties"], f"{key}.NAME"
         keys |= _schema_keys(prop, key) if prop.get("type") == "object" else {key}
     return keys
 
@@ -567,16 +592,12 @@ def test_the_schema_has_types_defaults_choices_and_descriptions() -> None:
     }
     assert "SIGTERM" in server["properties"]["drain_s"]["description"]
     routing = schema["properties"]["routing"]["properties"]
-    assert routing["policy"]["enum"] == [
-        "profiled",
-        "rules",
-        "static-speculative",
-        "static-baseline",
-    ]
+    assert routing["policy"]["pattern"] == "^(profiled|rules|static-[a-z0-9][a-z0-9_-]{0,62})$"
     assert routing["profile_path"]["description"].startswith("the profile's JSON file")
     tuning = routing["tuning"]["properties"]
     assert "benchmarks/one_gpu_scenarios.py" in tuning["switch_margin"]["description"]
-    assert tuning["rules"]["properties"]["default_route"]["enum"] == ["speculative", "baseline"]
-    assert schema["properties"]["backends"]["required"] == ["speculative", "baseline"]
+    assert tuning["rules"]["properties"]["default_route"]["pattern"].startswith("^[a-z0-9]")
+    routes = schema["properties"]["routes"]["additionalProperties"]["properties"]
+    assert routes["method"]["default"] == "none"
     urls = schema["properties"]["backends"]["properties"]["speculative"]["properties"]["urls"]
     assert urls == {"type": "array", "items": {"type": "string"}}

@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 from classifier.attribution import DecodeLog
 from classifier.features import Workload
 from classifier.router import ProfiledPolicy
+from classifier.types import Route
 from gateway.app import create_app
 from gateway.backends.acceptance_sources import AcceptanceSources
 from gateway.backends.pool import BackendPool, Upstream
@@ -89,11 +90,26 @@ async def test_one_request_in_flight_is_exact_and_feeds_later_answers(
     await attribute_one_window(gateway, spec_upstream, 4000, 3000, chat("hi"))
 
     m = samples(await (await gateway.get("/metrics")).text())
-    assert m[("specroute_attributed_acceptance_ratio", (("workload", "chat"),))] == 0.75
-    assert m[("specroute_attributed_draft_tokens", (("workload", "chat"),))] == pytest.approx(
-        4000, rel=0.03
+    assert (
+        m[
+            (
+                "specroute_attributed_acceptance_ratio",
+                (("route", "speculative"), ("workload", "chat")),
+            )
+        ]
+        == 0.75
     )
-    assert math.isnan(m[("specroute_attributed_acceptance_ratio", (("workload", "code"),))])
+    assert m[
+        ("specroute_attributed_draft_tokens", (("route", "speculative"), ("workload", "chat")))
+    ] == pytest.approx(4000, rel=0.03)
+    assert math.isnan(
+        m[
+            (
+                "specroute_attributed_acceptance_ratio",
+                (("route", "speculative"), ("workload", "code")),
+            )
+        ]
+    )
     outcome = (("outcome", "attributed"), ("route", "speculative"))
     assert m[("specroute_attribution_windows_total", outcome)] == 1
 
@@ -116,7 +132,7 @@ async def test_one_request_in_flight_is_exact_and_feeds_later_answers(
     assert m[("specroute_acceptance_source", (("source", COUNTER_ATTRIBUTION),))] == 1
     assert m[("specroute_acceptance_source", (("source", UNKNOWN),))] == 0
     # The router learned from it: chat's acceptance left its neutral prior (0.5), upwards.
-    rate, _, measured = policy.acceptance_beliefs()[Workload.CHAT]
+    rate, _, measured = policy.acceptance_beliefs()[Route.SPECULATIVE][Workload.CHAT]
     assert rate > 0.5 and measured > 0
     ready = await (await gateway.get("/ready")).json()
     assert ready["per_request_metrics"] is False
@@ -174,7 +190,7 @@ async def test_per_request_metrics_come_first(
     ready = await (await gateway.get("/ready")).json()
     assert (ready["per_request_metrics"], ready["acceptance_source"]) == (True, PER_REQUEST_METRICS)
     # The attribution still ran (it is what benchmarks/attribution_error.py measures).
-    assert gateway.app[BACKENDS].sources.attributed_rate(Workload.CHAT) == 0.75
+    assert gateway.app[BACKENDS].sources.attributed_rate(Route.SPECULATIVE, Workload.CHAT) == 0.75
 
 
 async def test_counter_resets_are_detected_not_read_as_negative_acceptance(
@@ -200,7 +216,15 @@ async def test_counter_resets_are_detected_not_read_as_negative_acceptance(
         ]
         == 2
     )
-    assert m[("specroute_attributed_acceptance_ratio", (("workload", "chat"),))] == 0.75
+    assert (
+        m[
+            (
+                "specroute_attributed_acceptance_ratio",
+                (("route", "speculative"), ("workload", "chat")),
+            )
+        ]
+        == 0.75
+    )
     assert m[("specroute_backend_spec_acceptance_ratio", (("route", "speculative"),))] == 0.75
 
 
@@ -241,7 +265,7 @@ async def test_a_failed_or_hanging_scrape_blocks_no_request_and_teaches_nothing(
             await hanging
     upstream.metrics_delay_s, upstream.metrics_text = 0.0, ""  # now failing: 404
     await pool.scrape_all(session, timeout_s=5.0)
-    assert pool.sources.attributed_rate(Workload.CHAT) is None
+    assert pool.sources.attributed_rate(Route.SPECULATIVE, Workload.CHAT) is None
     m = samples(await (await gateway.get("/metrics")).text())
     assert (
         m[("specroute_upstream_errors_total", (("kind", "scrape"), ("route", "speculative")))] == 1
@@ -265,12 +289,13 @@ def _scrape(at: float, drafted: float, accepted: float, running: float = 1.0) ->
     ],
 )
 def test_which_windows_are_attributed(after: Scrape, decoding: bool, outcome: str) -> None:
-    sources = AcceptanceSources(Metrics(), max_window_s=6.0)
+    sources = AcceptanceSources(Metrics(), max_window_s=6.0, speculative={Route.SPECULATIVE: 4})
     log = DecodeLog()
     if decoding:
         log.begin("code", 1, 0.5)
     assert (
-        sources.window("speculative", _scrape(1.0, 2000, 1000), after, log, inflight=1) == outcome
+        sources.window(Route.SPECULATIVE, _scrape(1.0, 2000, 1000), after, log, inflight=1)
+        == outcome
     )
-    attributed = sources.attributed_rate(Workload.CODE)
+    attributed = sources.attributed_rate(Route.SPECULATIVE, Workload.CODE)
     assert attributed == (0.25 if outcome == "attributed" else None)

@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from classifier.tokens import TokenCounter
+from classifier.types import Route
 from gateway.app import create_app
 from gateway.state import BACKENDS, SESSION
 from tests.gateway.conftest import ClientFactory, GatewayFactory, make_config
@@ -148,7 +149,7 @@ async def test_passive_ejection_and_readmission(
     spec_upstream.fail_status = 500  # its /health still says OK: only traffic shows the fault
     for _ in range(2):
         assert (await client.post("/v1/chat/completions", json=STRUCTURED)).status == 200
-    assert not pool.live_state().speculative.healthy
+    assert not pool.live_state().of(Route.SPECULATIVE).healthy
     m = samples(await (await client.get("/metrics")).text())
     assert m[("specroute_backend_up", (("route", "speculative"),))] == 0
     resp = await client.post("/v1/chat/completions", json=STRUCTURED)
@@ -157,7 +158,7 @@ async def test_passive_ejection_and_readmission(
 
     spec_upstream.fail_status = None
     await wait_until(  # the 0.5 s ejection over, the next probe readmits it
-        lambda: pool.live_state().speculative.healthy, "speculative readmitted"
+        lambda: pool.live_state().of(Route.SPECULATIVE).healthy, "speculative readmitted"
     )
     resp = await client.post("/v1/chat/completions", json=STRUCTURED)
     assert resp.headers["x-specroute-route"] == "speculative"
@@ -179,11 +180,11 @@ async def test_the_last_healthy_backend_is_never_ejected(
     )
     pool = client.app[BACKENDS]
     await pool.probe_all(client.app[SESSION], 1.0)
-    assert not pool.live_state().baseline.healthy
+    assert not pool.live_state().of(Route.BASELINE).healthy
     spec_upstream.fail_status = 500
     for _ in range(3):
         await (await client.post("/v1/chat/completions", json=STRUCTURED)).read()
-    assert pool.live_state().speculative.healthy
+    assert pool.live_state().of(Route.SPECULATIVE).healthy
     assert (await client.get("/ready")).status == 200
 
 

@@ -71,7 +71,9 @@ def test_the_emulated_vllm_keeps_its_created_series() -> None:
 
 def test_endpoints_up_ejected_and_readmitted_by_url() -> None:
     metrics = Metrics()
-    pool = BackendPool(config().backends, metrics, eject_after_failures=2, eject_s=60)
+    pool = BackendPool(
+        config().routes, config().backends.pairs, metrics, eject_after_failures=2, eject_s=60
+    )
     base = pool.of(Route.BASELINE)
     first, second = base.upstreams
     m = samples(scrape(metrics))

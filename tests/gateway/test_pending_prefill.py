@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 
-from classifier.types import BackendState
+from classifier.types import BackendState, Route
 from gateway.state import BACKENDS
 from tests.gateway.conftest import GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
@@ -28,7 +28,7 @@ def body(stream: bool) -> dict[str, Any]:
 
 
 def baseline(gateway: TestClient[web.Request, web.Application]) -> BackendState:
-    return gateway.app[BACKENDS].live_state().baseline
+    return gateway.app[BACKENDS].live_state().of(Route.BASELINE)
 
 
 async def stalled_stream(

@@ -8,7 +8,9 @@ import dataclasses
 import enum
 import functools
 import re
+import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,16 @@ from structlog.testing import capture_logs
 
 from classifier.acceptance_model import AcceptanceModel, acceptance_features
 from classifier.features import Workload
+from classifier.types import Route
 from gateway import serve
-from gateway.config import Config, ConfigError, LoggingConfig, load_config, parse_config
+from gateway.config import (
+    Config,
+    ConfigError,
+    LoggingConfig,
+    RouteConfig,
+    load_config,
+    parse_config,
+)
 from gateway.runtime import RELOADABLE, Runtime, changed_keys, is_reloadable
 from gateway.state import RUNTIME
 from gateway.telemetry import configure_logging
@@ -35,6 +45,9 @@ def leaf_keys(cls: type[Any], path: str = "") -> list[str]:
     for fld in dataclasses.fields(cls):
         key = f"{path}.{fld.name}" if path else fld.name
         hint = hints[fld.name]
+        members = [m for m in typing.get_args(hint) if m is not type(None)]
+        if typing.get_origin(hint) is types.UnionType and len(members) == 1:
+            hint = members[0]  # an optional table: its keys
         keys += (
             leaf_keys(hint, key)
             if isinstance(hint, type) and dataclasses.is_dataclass(hint)
@@ -66,6 +79,9 @@ def other_value(key: str, value: object, tmp_path: Path) -> object:
     }
     if key in special:
         return special[key]
+    if key == "routes":  # one more route: the servers change
+        assert isinstance(value, Mapping)
+        return {**value, Route("c"): RouteConfig(urls=("http://c:3",))}
     if isinstance(value, bool):
         return not value
     if isinstance(value, enum.Enum):

@@ -62,9 +62,9 @@ async def test_two_replicas_see_one_batch_from_the_same_scrape(
             await scrape(b)
         # Each replica's own view: it holds the batch where its own newest request went.
         own_a, own_b = a.app[BACKENDS].live_state(0), b.app[BACKENDS].live_state(0)
-        assert own_a.speculative.last_start > own_a.baseline.last_start == 0
-        assert own_b.baseline.last_start > own_b.speculative.last_start == 0
-        assert (own_b.speculative.inflight, own_b.speculative.others) == (0, 3)
+        assert own_a.of(Route.SPECULATIVE).last_start > own_a.of(Route.BASELINE).last_start == 0
+        assert own_b.of(Route.BASELINE).last_start > own_b.of(Route.SPECULATIVE).last_start == 0
+        assert (own_b.of(Route.SPECULATIVE).inflight, own_b.of(Route.SPECULATIVE).others) == (0, 3)
 
         (_, seen_a), (_, seen_b) = live_state(a.app), live_state(b.app)
         assert seen_a == seen_b  # the same servers, whoever sent their requests
@@ -93,8 +93,8 @@ async def test_one_replica_alone_decides_on_its_own_counts(
         await scrape(gateway)
         _, seen = live_state(gateway.app)
         assert seen == gateway.app[BACKENDS].live_state(0)
-        assert (seen.speculative.others, seen.baseline.others) == (0, 0)
-        assert seen.baseline.last_start > seen.speculative.last_start > 0
+        assert (seen.of(Route.SPECULATIVE).others, seen.of(Route.BASELINE).others) == (0, 0)
+        assert seen.of(Route.BASELINE).last_start > seen.of(Route.SPECULATIVE).last_start > 0
 
 
 async def test_a_scrape_that_lags_the_gateways_own_requests_is_not_another_client(
@@ -109,10 +109,10 @@ async def test_a_scrape_that_lags_the_gateways_own_requests_is_not_another_clien
     await scrape(gateway)
     _, seen = live_state(gateway.app)
     assert seen == gateway.app[BACKENDS].live_state(0)  # its own counts, unchanged
-    assert (seen.speculative.inflight, seen.speculative.others) == (0, 2)
+    assert (seen.of(Route.SPECULATIVE).inflight, seen.of(Route.SPECULATIVE).others) == (0, 2)
     await scrape(gateway)  # still there: not the gateway's, lagging
     _, seen = live_state(gateway.app)
-    assert (seen.speculative.inflight, seen.speculative.others) == (2, 0)
+    assert (seen.of(Route.SPECULATIVE).inflight, seen.of(Route.SPECULATIVE).others) == (2, 0)
 
 
 async def test_decide_dry_run_sees_what_a_request_would(

@@ -7,6 +7,7 @@ import math
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from classifier.types import Route
 from gateway.backends.scraper import acceptance_between, parse_metrics
 from gateway.state import BACKENDS, SESSION
 from tests.gateway.fake_upstream import FakeUpstream
@@ -79,9 +80,9 @@ async def test_gateway_exports_scraped_state_and_feeds_the_router(
     spec_upstream.metrics_text = vllm_metrics(6, 0, 0.6, 30, 120, 90)
     await pool.scrape_all(session, timeout_s=1.0)
     state = pool.live_state()
-    assert (state.speculative.running, state.speculative.waiting) == (6, 0)
-    assert state.speculative.kv_cache_usage == 0.6
-    assert state.baseline.running is None  # baseline fake has no /metrics: unknown, not 0
+    assert (state.of(Route.SPECULATIVE).running, state.of(Route.SPECULATIVE).waiting) == (6, 0)
+    assert state.of(Route.SPECULATIVE).kv_cache_usage == 0.6
+    assert state.of(Route.BASELINE).running is None  # baseline fake has no /metrics: unknown, not 0
 
     m = samples(await (await gateway.get("/metrics")).text())
     spec = (("route", "speculative"),)

@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient
 
 from classifier.router import ProfiledPolicy, prior_profile
 from classifier.tokens import TokenCounter
+from classifier.types import Route, two_routes
 from gateway.app import create_app
 from gateway.backends.live import pair_state
 from gateway.config import ConfigError, ShadowConfig, parse_config
@@ -237,7 +238,7 @@ async def test_no_shadow_runs_while_a_backend_is_unhealthy_and_a_running_one_sto
     base_upstream.healthy = False  # the prober takes it out of rotation
     await wait_until(base_upstream.cancelled.is_set, "the shadow to stop")
     assert shadows(gateway, "cancelled") == 1
-    baseline = gateway.app[BACKENDS].pairs[0].baseline[0]
+    baseline = gateway.app[BACKENDS].pairs[0].of(Route.BASELINE)[0]
     await wait_until(lambda: not baseline.healthy, "the baseline to leave rotation")
     for _ in range(3):
         await (await gateway.post("/v1/chat/completions", json=STRUCTURED)).read()
@@ -257,9 +258,11 @@ async def test_a_scraped_shadow_is_not_another_client(
     await wait_until(base_upstream.arrived.is_set, "the shadow to reach the baseline")
     base_upstream.metrics_text = base_upstream.metrics_text.replace("running 0", "running 1")
     pool = gateway.app[BACKENDS]
-    await wait_until(lambda: pool.live_state(0).baseline.others == 1, "a scrape that saw it")
+    await wait_until(
+        lambda: pool.live_state(0).of(Route.BASELINE).others == 1, "a scrape that saw it"
+    )
     corrected = pair_state(pool, 0, gateway.app[SHADOWS])
-    assert corrected.baseline.others == 0 and corrected.baseline.running == 0
+    assert corrected.of(Route.BASELINE).others == 0 and corrected.of(Route.BASELINE).running == 0
 
 
 async def test_another_clients_requests_in_a_scrape_cancel_a_running_shadow(
@@ -303,7 +306,7 @@ async def test_with_a_gpu_each_only_a_request_to_the_shadows_server_cancels_it(
     gateway = await gateway_for(shadow=SHARE_ALL, routing={"policy": "profiled"})
     policy = gateway.app[RUNTIME].current.policy
     assert isinstance(policy, ProfiledPolicy)
-    apart = dataclasses.replace(prior_profile(4, 0.1).with_beside(1.0), source="test")
+    apart = dataclasses.replace(prior_profile(two_routes(4, 0.1)).with_beside(1.0), source="test")
     policy.use_profile(apart)  # as profiled: a GPU each
     assert policy.shared_gpu() is False
     await (await gateway.post("/v1/chat/completions", json=STRUCTURED)).read()

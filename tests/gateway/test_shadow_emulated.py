@@ -26,6 +26,7 @@ from aiohttp.test_utils import TestClient
 from classifier.features import Workload
 from classifier.router import ProfiledPolicy
 from classifier.tokens import TokenCounter
+from classifier.types import Route
 from gateway.app import create_app
 from gateway.state import METRICS, RUNTIME
 from tests.gateway.conftest import ServerFactory
@@ -210,7 +211,7 @@ async def test_idle_gaps_give_pairs_that_the_router_learns(stack: Client) -> Non
     assert seen and all(not math.isnan(speedups[w] or math.nan) for w in seen), speedups
     # Every workload seen was measured on the speculative server, by a user's answer
     # or its shadow copy: each half of a pair teaches the same posteriors.
-    measured = {w: n for w, (_, _, n) in policy.acceptance_beliefs().items()}
+    measured = {w: n for w, (_, _, n) in policy.acceptance_beliefs()[Route.SPECULATIVE].items()}
     assert seen and all(measured.get(w, 0) > 0 for w in seen), measured
 
 

@@ -22,6 +22,7 @@ from classifier.acceptance_model import FEATURE_NAMES, SCHEMA
 from classifier.profile import EngineProfile
 from classifier.router import STATE_FORMAT, prior_profile
 from classifier.tokens import TokenCounter
+from classifier.types import two_routes
 from gateway.app import create_app
 from gateway.config import Config, ConfigError
 from gateway.profiling.lifecycle import current_identities
@@ -33,8 +34,11 @@ PROFILED = {"policy": "profiled", "profile": "off"}
 # A state as ProfiledPolicy.state_to_json writes it (k=4, the config's default).
 STATE: dict[str, Any] = {
     "format": STATE_FORMAT,
-    "k": 4,
-    "acceptance": {"chat/-1": [0.5, 1.0, 0.2, 3.0, 1.8, 1.2], "code/0": [0.6, 2, 0.2, 1, 0.7, 0.5]},
+    "routes": {"speculative": 4, "baseline": 0},
+    "acceptance": {
+        "speculative/chat/-1": [0.5, 1.0, 0.2, 3.0, 1.8, 1.2],
+        "speculative/code/0": [0.6, 2, 0.2, 1, 0.7, 0.5],
+    },
     "outputs": {"chat/1": [3.0, 2.1]},
     "failures": {"speculative/chat": [0.5, 4.0]},
     "traffic": {"chat": 4.0, "code": 1.0},
@@ -103,7 +107,7 @@ async def _profile_naming(config: Config) -> EngineProfile:
     async with aiohttp.ClientSession() as session:
         identities = await current_identities(session, config)
     assert identities is not None
-    prior = prior_profile(4, 0.1)
+    prior = prior_profile(two_routes(4, 0.1))
     return dataclasses.replace(
         prior,
         routes=tuple(dataclasses.replace(r, identity=identities[r.name]) for r in prior.routes),
