@@ -5,10 +5,14 @@ and it has the panels the issue asks for."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from deploy.grafana import build_dashboard
-from tests.deploy.conftest import DEPLOY
+from tests.deploy.conftest import DEPLOY, run
+from tests.support import require_tool
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "specroute.json"
 
@@ -85,3 +89,52 @@ def test_the_panels_the_issue_lists() -> None:
     ):
         assert name in exprs
     assert "Estimated acceptance a (the router's belief)" in titles
+
+
+SPEEDUP = "Speculation speedup by workload and route (median TPOT without / with)"
+# Three routes over 10 min: none decodes at 5 ms per token, ngram-k2 at 5 ms,
+# eagle3-k3 at 25 ms (buckets: all of none's and ngram-k2's under 10 ms, all of
+# eagle3-k3's in 20-30 ms); only the two speculative servers export vLLM's drafts.
+_SPEEDUP_SERIES = """
+      - series: 'specroute_time_per_output_token_seconds_bucket{route="none", workload="chat", le="0.01"}'
+        values: "0+10x10"
+      - series: 'specroute_time_per_output_token_seconds_bucket{route="none", workload="chat", le="+Inf"}'
+        values: "0+10x10"
+      - series: 'specroute_time_per_output_token_seconds_bucket{route="ngram-k2", workload="chat", le="0.01"}'
+        values: "0+10x10"
+      - series: 'specroute_time_per_output_token_seconds_bucket{route="ngram-k2", workload="chat", le="+Inf"}'
+        values: "0+10x10"
+      - series: 'specroute_time_per_output_token_seconds_bucket{route="eagle3-k3", workload="chat", le="0.02"}'
+        values: "0x10"
+      - series: 'specroute_time_per_output_token_seconds_bucket{route="eagle3-k3", workload="chat", le="0.03"}'
+        values: "0+10x10"
+      - series: 'specroute_time_per_output_token_seconds_bucket{route="eagle3-k3", workload="chat", le="+Inf"}'
+        values: "0+10x10"
+      - series: 'vllm:spec_decode_num_drafts_total{job="vllm", route="ngram-k2", instance="n:8000"}'
+        values: "0+100x10"
+      - series: 'vllm:spec_decode_num_drafts_total{job="vllm", route="eagle3-k3", instance="e:8000"}'
+        values: "0+100x10"
+"""
+
+
+def test_the_speedup_panel_works_for_any_route_names(tmp_path: Path) -> None:
+    """Evaluated by Prometheus itself (promtool's rule tests), on three routes named as
+    no panel knows: one value per speculative route, none for the plain one."""
+    promtool = require_tool("promtool", "scripts/test.sh apt-installs prometheus")
+    (panel,) = [p for p in load()["panels"] if p["title"] == SPEEDUP]
+    expr = panel["targets"][0]["expr"].replace("$__rate_interval", "5m")
+    expr = expr.replace('workload=~"$workload"', 'workload=~".*"')
+    rules = {"groups": [{"name": "speedup", "rules": [{"record": "speedup", "expr": expr}]}]}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    (tmp_path / "test.yml").write_text(
+        "rule_files: [rules.yml]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n"
+        f"    input_series:{_SPEEDUP_SERIES}"
+        "    promql_expr_test:\n      - expr: round(speedup, 0.001)\n        eval_time: 10m\n"
+        "        exp_samples:\n"
+        '          - labels: \'{route="ngram-k2", workload="chat"}\'\n'
+        "            value: 1\n"
+        '          - labels: \'{route="eagle3-k3", workload="chat"}\'\n'
+        "            value: 0.2\n"
+    )
+    res = run([promtool, "test", "rules", "test.yml"], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
