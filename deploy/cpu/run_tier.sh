@@ -9,6 +9,10 @@
 # with --spec-metrics off, those alone. Uses the project's dev venv
 # (.venv/bin/python) when present, else python3. Exits with pytest's status
 # (or up.sh's when the pair does not start).
+#
+# Unless --spec-metrics off, it also starts the three-route trio's third server
+# (up.sh --ngram-k2: n-gram k = 2) and exports SPECROUTE_VLLM_NGRAM_K2, for
+# tests/vllm/test_routes_real_vllm.py (issue 42); the metrics-off run needs the pair only.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,6 +40,9 @@ for ((i = 0; i < ${#up_args[@]}; i++)); do
     fi
 done
 export SPECROUTE_VLLM_SPEC_METRICS="$spec_metrics"
+if [[ "$spec_metrics" != "off" && " ${up_args[*]-} " != *" --ngram-k2 "* ]]; then
+    up_args+=(--ngram-k2)
+fi
 metrics_off_tests="tests/vllm/test_counters_real_vllm.py"
 if [[ ${#pytest_args[@]} -eq 0 ]]; then
     if [[ "$spec_metrics" == "off" ]]; then
@@ -57,6 +64,10 @@ export SPECROUTE_VLLM_BACKENDS
 if [[ -f "$run_dir/dynamic" ]]; then  # up.sh --dynamic: the single-server alternative too
     SPECROUTE_VLLM_DYNAMIC="$(sed -n 's/^dynamic=//p' "$run_dir/dynamic")"
     export SPECROUTE_VLLM_DYNAMIC
+fi
+if [[ -f "$run_dir/ngram-k2" ]]; then  # up.sh --ngram-k2: the three routes' third server
+    SPECROUTE_VLLM_NGRAM_K2="$(sed -n 's/^ngram-k2=//p' "$run_dir/ngram-k2")"
+    export SPECROUTE_VLLM_NGRAM_K2
 fi
 printf '[run_tier] pair up in %d s: %s\n' "$((SECONDS - t0))" "$SPECROUTE_VLLM_BACKENDS" >&2
 

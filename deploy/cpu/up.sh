@@ -6,7 +6,8 @@
 #   deploy/cpu/up.sh [--spec ngram|draft] [--spec-port P] [--base-port P]
 #                    [--run-dir DIR] [--timeout S] [--model-name NAME]
 #                    [--spec-metrics summary|detailed|off] [--dynamic SCHEDULE]
-#                    [--dynamic-port P] [-- EXTRA_VLLM_ARGS...]
+#                    [--dynamic-port P] [--ngram-k2] [--ngram-k2-port P]
+#                    [-- EXTRA_VLLM_ARGS...]
 #
 # The speculative server runs with --per-request-spec-decode-metrics (default
 # level `detailed`): responses then carry metrics.speculative_decoding (the
@@ -35,6 +36,14 @@
 # alternative to the pair. It shares core 0 with the speculative server, so
 # time it only while the pair is idle. Its URL is not on stdout (the two lines
 # stay the pair's): it goes to stderr and to RUN_DIR/dynamic as dynamic=URL.
+#
+# --ngram-k2 also starts the three-route trio's third server, "ngram-k2": n-gram
+# speculation with num_speculative_tokens 2 (the same lookup window as the k = 4
+# server), so that the tier has the routes none (baseline), ngram-k4
+# (speculative) and ngram-k2 (issue 42). It is pinned to core 1 with the
+# baseline, and starts together with the dynamic server when both are asked
+# for (one engine loading per core). Its URL goes to stderr and to
+# RUN_DIR/ngram-k2 as ngram-k2=URL; deploy/cpu/down.sh stops it too.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -54,9 +63,11 @@ max_model_len=2048
 spec_metrics="detailed"
 dynamic=""
 dynamic_port=8103
+ngram_k2=""
+ngram_k2_port=8104
 extra_args=()
 
-usage() { sed -n '2,37p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '2,47p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
 die() { printf '[up] ERROR: %s\n' "$*" >&2; exit 1; }
 log() { printf '[up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -71,6 +82,8 @@ while [[ $# -gt 0 ]]; do
         --spec-metrics) spec_metrics="${2:?--spec-metrics needs a value}"; shift 2 ;;
         --dynamic) dynamic="${2:?--dynamic needs a schedule or default}"; shift 2 ;;
         --dynamic-port) dynamic_port="${2:?--dynamic-port needs a value}"; shift 2 ;;
+        --ngram-k2) ngram_k2=1; shift ;;
+        --ngram-k2-port) ngram_k2_port="${2:?--ngram-k2-port needs a value}"; shift 2 ;;
         --) shift; extra_args=("$@"); break ;;
         -h|--help) usage; exit 0 ;;
         *) usage; die "unknown argument: $1" ;;
@@ -92,6 +105,14 @@ if [[ -n "$dynamic" ]]; then
     [[ "$dynamic" =~ ^\[.*\]$ ]] || die "--dynamic wants a JSON list like '[[1,2,4],[3,256,0]]' or default"
     dynamic_config="${spec_config%\}},\"num_speculative_tokens_per_batch_size\":$dynamic}"
 fi
+if [[ -n "$ngram_k2" ]]; then
+    [[ "$ngram_k2_port" =~ ^[0-9]+$ ]] || die "--ngram-k2-port must be a number"
+    [[ "$ngram_k2_port" != "$spec_port" && "$ngram_k2_port" != "$base_port" ]] \
+        || die "--ngram-k2-port must differ from the pair's ports"
+    [[ -z "$dynamic" || "$ngram_k2_port" != "$dynamic_port" ]] \
+        || die "--ngram-k2-port must differ from --dynamic-port"
+fi
+ngram_k2_config='{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":4,"prompt_lookup_min":2}'
 [[ "$timeout_s" =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds"
 [[ "$spec_metrics" == summary || "$spec_metrics" == detailed || "$spec_metrics" == off ]] \
     || die "--spec-metrics must be summary, detailed or off"
@@ -116,10 +137,10 @@ if compgen -G "$run_dir/*.pid" >/dev/null; then
     log "stopping the previous pair in $run_dir"
     bash "$here/down.sh" --run-dir "$run_dir"
 fi
-for p in "$base_port" "$spec_port" ${dynamic:+"$dynamic_port"}; do
+for p in "$base_port" "$spec_port" ${dynamic:+"$dynamic_port"} ${ngram_k2:+"$ngram_k2_port"}; do
     if port_in_use "$p"; then die "port $p on 127.0.0.1 is already in use"; fi
 done
-rm -f "$run_dir/backends" "$run_dir/dynamic"
+rm -f "$run_dir/backends" "$run_dir/dynamic" "$run_dir/ngram-k2"
 
 # vLLM's CPU docs ask for Intel OpenMP (shipped in the venv by intel-openmp)
 # and tcmalloc (Debian: libtcmalloc-minimal4) in LD_PRELOAD; speculative
@@ -178,13 +199,27 @@ start speculative "$spec_port" 0 \
     --speculative-config "$spec_config" \
     ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
 wait_ready speculative "http://127.0.0.1:$spec_port"
+# The dynamic server (core 0) and the third route's server (core 1) start
+# together: each loads on its own core while the pair idles.
 if [[ -n "$dynamic" ]]; then
     start dynamic "$dynamic_port" 0 \
         --speculative-config "$dynamic_config" \
         ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
+fi
+if [[ -n "$ngram_k2" ]]; then
+    start ngram-k2 "$ngram_k2_port" 1 \
+        --speculative-config "$ngram_k2_config" \
+        ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
+fi
+if [[ -n "$dynamic" ]]; then
     wait_ready dynamic "http://127.0.0.1:$dynamic_port"
     printf 'dynamic=http://127.0.0.1:%s\n' "$dynamic_port" >"$run_dir/dynamic"
     log "dynamic=http://127.0.0.1:$dynamic_port ($dynamic_config)"
+fi
+if [[ -n "$ngram_k2" ]]; then
+    wait_ready ngram-k2 "http://127.0.0.1:$ngram_k2_port"
+    printf 'ngram-k2=http://127.0.0.1:%s\n' "$ngram_k2_port" >"$run_dir/ngram-k2"
+    log "ngram-k2=http://127.0.0.1:$ngram_k2_port ($ngram_k2_config)"
 fi
 
 printf 'speculative=http://127.0.0.1:%s\nbaseline=http://127.0.0.1:%s\n' "$spec_port" "$base_port" \

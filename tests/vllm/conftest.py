@@ -33,6 +33,8 @@ from tooling.local_stack import serve_app
 
 ENV = "SPECROUTE_VLLM_BACKENDS"
 ROUTES = ("speculative", "baseline")
+# The three-route trio's third server (deploy/cpu/up.sh --ngram-k2: n-gram, k = 2).
+NGRAM_K2_ENV = "SPECROUTE_VLLM_NGRAM_K2"
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,35 @@ def backends() -> Backends:
         speculative=urls["speculative"],
         baseline=urls["baseline"],
         model=models["speculative"][0],
+    )
+
+
+@dataclass(frozen=True)
+class Trio:
+    """The tier's three routes (issue 42), by route name in route order: "none" (the
+    pair's baseline), "ngram-k4" (the pair's speculative server) and "ngram-k2"."""
+
+    urls: Mapping[str, str]
+    k: Mapping[str, int]
+    model: str
+
+
+@pytest.fixture(scope="session")
+def trio(backends: Backends) -> Trio:
+    url = os.environ.get(NGRAM_K2_ENV, "").strip().rstrip("/")
+    if not url:
+        skip_unless_ci(f"{NGRAM_K2_ENV} not set (deploy/cpu/run_tier.sh starts the third server)")
+    try:
+        listing = _get_json(url + "/v1/models")
+    except (urllib.error.URLError, OSError) as e:
+        pytest.fail(f"ngram-k2 backend {url} does not answer /v1/models: {e}")
+    data = listing["data"]
+    assert isinstance(data, list)
+    assert [m["id"] for m in data] == [backends.model], f"ngram-k2 serves {data}"
+    return Trio(
+        urls={"none": backends.baseline, "ngram-k4": backends.speculative, "ngram-k2": url},
+        k={"none": 0, "ngram-k4": 4, "ngram-k2": 2},  # deploy/cpu/up.sh
+        model=backends.model,
     )
 
 
