@@ -601,3 +601,99 @@ def test_the_schema_has_types_defaults_choices_and_descriptions() -> None:
     assert routes["method"]["default"] == "none"
     urls = schema["properties"]["backends"]["properties"]["speculative"]["properties"]["urls"]
     assert urls == {"type": "array", "items": {"type": "string"}}
+
+
+# ---- several speculation configurations: [routes.NAME] ----------------------------------
+
+
+def _shipped_routes_example() -> str:
+    """The [routes.NAME] example config.toml carries in its comments, uncommented."""
+    lines = (ROOT / "config.toml").read_text().splitlines()
+    start = lines.index("#   [routes.none]")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#   "):
+            break
+        block.append(line.removeprefix("#   "))
+    return "\n".join(block) + "\n"
+
+
+def test_the_shipped_routes_example_is_a_valid_config() -> None:
+    config = parse_config(tomllib.loads(_shipped_routes_example()))
+    assert list(config.routes) == ["none", "eagle3-k3", "ngram-k8"]  # the file's order
+    specs = {s.name: (s.method, s.k) for s in config.route_specs}
+    assert specs == {"none": ("none", 0), "eagle3-k3": ("eagle3", 3), "ngram-k8": ("ngram", 8)}
+    assert config.routes[Route("eagle3-k3")].draft_cost_ratio == 0.05
+
+
+def test_two_route_tables_are_the_two_entry_case() -> None:
+    legacy = parse_config({"backends": BACKENDS})
+    named = parse_config(
+        {
+            "routes": {
+                "speculative": {
+                    **BACKENDS["speculative"],
+                    "method": "draft_model",
+                    "num_speculative_tokens": 4,
+                    "draft_cost_ratio": 0.1,
+                },
+                "baseline": BACKENDS["baseline"],
+            }
+        }
+    )
+    assert legacy.routes == named.routes and legacy.route_specs == named.route_specs
+
+
+THREE = {
+    "none": {"urls": ["http://n:1"]},
+    "ngram-k2": {"urls": ["http://a:1"], "method": "ngram", "num_speculative_tokens": 2},
+    "ngram-k4": {"urls": ["http://b:1"], "method": "ngram", "num_speculative_tokens": 4},
+}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"routes": THREE, "backends": BACKENDS}, "name the servers twice"),
+        ({"routes": {"none": THREE["none"]}}, "want two routes or more, got 1 (none)"),
+        ({"routes": {**THREE, "Big": THREE["none"]}}, "[routes.Big]: a route's name is"),
+        (
+            {"routes": {**THREE, "x": {"urls": ["http://x:1"], "method": "ngram"}}},
+            "routes.x.num_speculative_tokens = 0 with routes.x.method = 'ngram'",
+        ),
+        (
+            {"routes": THREE, "routing": {"policy": "static-ngram-k3"}},
+            "routing.policy must be one of profiled, rules, static-none, static-ngram-k2,"
+            " static-ngram-k4, got 'static-ngram-k3' (did you mean 'static-ngram-k4'?)",
+        ),
+        (
+            {
+                "routes": {k: THREE[k] for k in ("ngram-k2", "ngram-k4")},
+                "routing": {"policy": "rules"},
+            },
+            'routing.policy = "rules" wants a route with speculation and one without',
+        ),
+        (
+            {
+                "routes": {**THREE, "none": {"urls": ["http://n:1", "http://n:2"]}},
+                "backends": {"pairs": "by-index"},
+            },
+            "got none 2, ngram-k2 1, ngram-k4 1",
+        ),
+        ({"routes": {**THREE, "a": {"url": "http://a"}}}, "unknown key 'routes.a.url'"),
+    ],
+)
+def test_bad_routes_fail_with_the_route_named(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw)
+    assert message in str(exc.value)
+
+
+def test_the_command_line_replaces_a_named_routes_url(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(_shipped_routes_example())
+    config = resolve_config(path, None, None, ["ngram-k8=http://127.0.0.1:9/v1"])
+    assert config.routes[Route("ngram-k8")].urls == ("http://127.0.0.1:9",)
+    assert config.routes[Route("none")].urls == ("http://127.0.0.1:8002",)
+    with pytest.raises(ConfigError, match=r"--backend speculative: not a route \(none, eagle3"):
+        resolve_config(path, None, None, ["speculative=http://127.0.0.1:9"])
