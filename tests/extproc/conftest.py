@@ -171,10 +171,7 @@ async def routes_stack_for(tmp_path: Path, tokens: TokenCounter) -> AsyncIterato
                     tables[name]["num_speculative_tokens"] = k
             raw: dict[str, Any] = {
                 "routes": tables,
-                "routing": {
-                    "policy": "rules",
-                    "tuning": {"rules": {"default_route": next(n for n, k in routes.items() if k)}},
-                },
+                "routing": {"policy": "rules"},
                 "upstream": {"health_interval_s": 0.2, "scrape_interval_s": 0.5},
             }
             for section, values in sections.items():
