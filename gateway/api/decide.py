@@ -1,10 +1,12 @@
 """POST /decide/v1/chat/completions and /decide/v1/completions: what the gateway would do.
 
 The body of a request in, nothing forwarded: out come the features the router
-reads from it, the route and reason the policy gives it now, both predicted
-latencies (cost model only) and the acceptance the policy believes for its
-workload. The side-by-side page (/ui) shows it above the two streams. It is
-the policy's answer: an `x-specroute-route` header on the dry run is not read.
+reads from it, the route and reason the policy gives it now, every route's
+predicted latency (cost model only) and, per speculative route, the acceptance
+the policy believes for its workload; every per-route figure keyed by the
+configured route's name, in the configuration's order (`routes` lists them with
+their speculation). The side-by-side page (/ui) shows it above the streams. It
+is the policy's answer: an `x-specroute-route` header on the dry run is not read.
 
 A dry run must leave the router as it was, and it does so with no copy:
 decide() changes nothing in any policy, and its one random step (the cost
@@ -19,12 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 from aiohttp import web
 
 from classifier.features import Endpoint, RequestFeatures
 from classifier.speculation import acceptance_rate, alpha_from_rate
 from classifier.types import Decision, LiveState, Policy, Route
+from gateway.api.stats import route_list
+from gateway.config import Config
 from gateway.request.pipeline import live_state, read_and_analyse
 from gateway.state import RUNTIME
 
@@ -44,21 +49,29 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     _, _, features = await read_and_analyse(request, endpoint, config)
     pair, state = live_state(app)  # as a request would be: the pair first, then the route
     decision = preview(snapshot.policy, features, state, pair)
-    k = config.backends.speculative.num_speculative_tokens
+    over = reference(config)
     return web.json_response(
         {
             "object": "specroute.decision",
             "forwarded": False,
             "policy": config.routing.policy,
             "pair": pair,
+            "routes": route_list(config),
             "route": decision.route.value,
             "reason": decision.reason,
-            "predicted_s": _predicted(decision),
-            "predicted_speedup": _speedup(decision),
+            "predicted_s": _predicted(decision, config),
+            "speedup_over": None if over is None else over.value,
+            "predicted_speedup": _speedup(decision, config, over),
             "why": dict(decision.why) if decision.why else None,
-            "acceptance": _believed(features, snapshot.policy, decision, k),
+            "acceptance": {
+                route.value: _believed(
+                    features, snapshot.policy, decision, route, c.num_speculative_tokens
+                )
+                for route, c in config.routes.items()
+                if c.speculative
+            },
             "features": dataclasses.asdict(features),
-            "backends": {route.value: dataclasses.asdict(state.of(route)) for route in Route},
+            "backends": {r.value: dataclasses.asdict(state.of(r)) for r in config.routes},
         }
     )
 
@@ -69,16 +82,23 @@ def preview(policy: Policy, features: RequestFeatures, state: LiveState, pair: i
     return policy.decide(features, state, pair)
 
 
+def reference(config: Config) -> Route | None:
+    """The route speedups are over: the first configured without speculation (the
+    two-route config's "baseline"); None when every route speculates."""
+    return next((r for r, c in config.routes.items() if not c.speculative), None)
+
+
 def _believed(
-    features: RequestFeatures, policy: Policy, decision: Decision, k: int
+    features: RequestFeatures, policy: Policy, decision: Decision, route: Route, k: int
 ) -> dict[str, object]:
-    """The acceptance this decision used, as vLLM counts it (accepted / drafted tokens,
-    what the page measures) and per position (a); None where the policy holds none."""
+    """The acceptance this decision used on `route` (a speculative one, of k drafts),
+    as vLLM counts it (accepted / drafted tokens, what the page measures) and per
+    position (a); None where the policy holds none."""
     used = (decision.why or {}).get("acceptance")
-    if isinstance(used, int | float):
-        rate: float | None = float(used)
+    if isinstance(used, Mapping) and isinstance(used.get(route.value), int | float):
+        rate: float | None = float(used[route.value])
     else:
-        a = policy.estimated_acceptance().get(features.workload)
+        a = policy.estimated_acceptance().get(route, {}).get(features.workload)
         rate = None if a is None else acceptance_rate(a, k)
     return {
         "workload": features.workload.value,
@@ -88,16 +108,24 @@ def _believed(
     }
 
 
-def _predicted(decision: Decision) -> dict[str, float] | None:
-    if not decision.predicted_s:
+def _predicted(decision: Decision, config: Config) -> dict[str, float] | None:
+    """Seconds, send to last byte, per route in the configuration's order."""
+    predicted = decision.predicted_s
+    if not predicted:
         return None
-    return {route.value: round(s, 6) for route, s in decision.predicted_s.items()}
+    return {r.value: round(predicted[r], 6) for r in config.routes if r in predicted}
 
 
-def _speedup(decision: Decision) -> float | None:
-    """Predicted baseline latency / speculative latency: above 1, speculative is faster."""
+def _speedup(decision: Decision, config: Config, over: Route | None) -> dict[str, float] | None:
+    """Per route, the reference route's predicted latency / its own: above 1, the route
+    is predicted faster than the reference (1.0 for the reference itself). None without
+    predictions or a reference; a route without a finite prediction is left out."""
     predicted = decision.predicted_s or {}
-    spec, base = predicted.get(Route.SPECULATIVE), predicted.get(Route.BASELINE)
-    if spec is None or base is None or not (spec > 0 and math.isfinite(base)):
+    base = predicted.get(over) if over is not None else None
+    if base is None or not math.isfinite(base):
         return None
-    return round(base / spec, 4)
+    return {
+        r.value: round(base / s, 4)
+        for r in config.routes
+        if (s := predicted.get(r)) is not None and s > 0 and math.isfinite(s)
+    }

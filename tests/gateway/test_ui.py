@@ -134,21 +134,31 @@ async def test_a_dry_run_forwards_nothing_and_leaves_the_policy_as_it_was(
     conforms(got, "Decision")
     assert spec_upstream.received == [] and base_upstream.received == []
     assert policy.state_to_json() == learned  # decide() wrote nothing
-    assert list(decisions.collect()[0].samples) == []
+    assert list(next(iter(decisions.collect())).samples) == []
     assert got["object"] == "specroute.decision" and got["forwarded"] is False
     assert got["policy"] == "profiled"
     assert got["route"] == "speculative" and got["reason"] == "unprofiled"  # fakes: no profile
+    # The two-route config's answer: its routes by name, their figures keyed so.
+    assert got["routes"] == [
+        {"name": "speculative", "method": "draft_model", "num_speculative_tokens": 4},
+        {"name": "baseline", "method": "none", "num_speculative_tokens": 0},
+    ]
     predicted = got["predicted_s"]
-    assert set(predicted) == {"speculative", "baseline"}
-    assert got["predicted_speedup"] == pytest.approx(
-        predicted["baseline"] / predicted["speculative"], rel=1e-3
-    )
+    assert list(predicted) == ["speculative", "baseline"]
+    assert got["speedup_over"] == "baseline"
+    assert got["predicted_speedup"] == {
+        "speculative": pytest.approx(predicted["baseline"] / predicted["speculative"], rel=1e-3),
+        "baseline": 1.0,
+    }
     assert got["features"]["workload"] == "structured" and got["features"]["structured"] is True
     assert got["features"]["temperature"] == 0 and got["features"]["max_tokens"] == 64
-    acceptance = got["acceptance"]
+    assert list(got["acceptance"]) == ["speculative"]  # the speculative routes only
+    acceptance = got["acceptance"]["speculative"]
     assert acceptance["workload"] == "structured" and 0 < acceptance["rate"] < 1
+    assert acceptance["rate"] == pytest.approx(got["why"]["acceptance"]["speculative"], abs=1e-4)
     assert acceptance["num_speculative_tokens"] == 4
-    assert set(got["backends"]) == {"speculative", "baseline"}
+    assert list(got["why"]["cost_s"]) == ["speculative", "baseline"]
+    assert list(got["backends"]) == ["speculative", "baseline"]
     assert got["backends"]["speculative"]["inflight"] == 0
     # What the dry run said is what the gateway then does with the same body.
     real = await gateway.post("/v1/chat/completions", json=STRUCTURED)
@@ -171,7 +181,7 @@ async def test_a_dry_run_of_a_completion_under_the_rules_has_no_predictions(
     assert got["reason"] == "high-temperature"
     assert got["predicted_s"] is None and got["predicted_speedup"] is None
     assert got["features"]["endpoint"] == "completions"
-    assert got["acceptance"]["rate"] is None  # the rules believe nothing
+    assert got["acceptance"]["speculative"]["rate"] is None  # the rules believe nothing
 
 
 @pytest.mark.parametrize(
@@ -242,19 +252,22 @@ async def test_stats_has_the_route_mix_acceptance_and_no_speedup_yet(
             stats = await resp.json()
     conforms(stats, "Stats")
     assert stats["object"] == "specroute.stats" and stats["policy"] == "profiled"
+    assert [r["name"] for r in stats["routes"]] == ["speculative", "baseline"]
     assert stats["requests"] == {"baseline": 3 - 2, "speculative": 2}
     assert stats["reasons"] == {"override": 3}
     structured = stats["workloads"]["structured"]
     assert structured["requests"] == {"speculative": 2, "baseline": 1}
     assert all(s > 0 for s in structured["e2e_mean_s"].values())
-    acceptance = structured["acceptance"]
+    assert list(structured["acceptance"]) == ["speculative"]  # the speculative routes only
+    acceptance = structured["acceptance"]["speculative"]
+    assert acceptance["num_speculative_tokens"] == stats["routes"][0]["num_speculative_tokens"]
     assert acceptance["measured_requests"] == 2  # the speculative answers only
     assert 0 < acceptance["measured_rate"] < 1
     assert acceptance["sources"] == ["per_request_metrics"]  # the emulator reports them
     assert 0 < acceptance["believed_rate"] < 1
     assert structured["speedup"] is None
     assert stats["speedup"]["value"] is None and "shadow" in stats["speedup"]["why"]
-    assert stats["workloads"]["creative"]["acceptance"]["measured_rate"] is None
+    assert stats["workloads"]["creative"]["acceptance"]["speculative"]["measured_rate"] is None
     assert stats["workloads"]["creative"]["e2e_mean_s"] == {"speculative": None, "baseline": None}
     backends = stats["backends"]
     assert backends["speculative"]["healthy"] and backends["baseline"]["reachable"]

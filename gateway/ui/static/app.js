@@ -1,15 +1,19 @@
-// specroute side by side: one prompt on both routes through this gateway.
-// No framework, no build step, nothing loaded from elsewhere (the page's CSP
-// allows this gateway only). Every text from a server goes in with
-// textContent, never as HTML. The API key lives in `apiKey` and nowhere else.
+// specroute side by side: one prompt on every configured route through this gateway.
+// The routes (names, speculation, order) come from /stats, never from this file:
+// one column each, 2 to 4 or more. No framework, no build step, nothing loaded
+// from elsewhere (the page's CSP allows this gateway only). Every text from a
+// server goes in with textContent, never as HTML. The API key lives in `apiKey`
+// and nowhere else.
 "use strict";
 
 (() => {
-  const ROUTES = ["speculative", "baseline"];
   const CHAT = "/v1/chat/completions";
   const REFRESH_MS = 10000;
+  const COLORS = 6; // style.css: .side[data-color="0".."5"]
   let apiKey = null; // memory only: no storage, no cookie
   let running = false;
+  let routes = []; // [{name, method, num_speculative_tokens}], the configuration's order
+  let sides = {}; // route name -> Side
 
   const $ = (id) => document.getElementById(id);
 
@@ -153,11 +157,45 @@
     ["acceptance", "acceptance"], ["length", "mean acceptance length"],
   ];
 
+  // "ngram k=4", "eagle3 k=3", "none": what a route's server runs.
+  function speculation(route) {
+    return route.num_speculative_tokens > 0
+      ? `${route.method} k=${route.num_speculative_tokens}` : "none";
+  }
+
+  function element(tag, className, text) {
+    const el = document.createElement(tag);
+    if (className) el.className = className;
+    if (text !== undefined) el.textContent = text;
+    return el;
+  }
+
   class Side {
-    constructor(route) {
-      this.route = route;
-      this.el = $("side-" + route);
+    constructor(route, index) {
+      this.route = route.name;
+      this.speculates = route.num_speculative_tokens > 0;
       this.result = null;
+      const el = element("article", "side");
+      el.id = "side-" + route.name;
+      el.dataset.route = route.name;
+      el.dataset.color = String(index % COLORS);
+      el.dataset.state = "idle";
+      const title = element("h2");
+      title.append(element("span", "name", route.name), element("span", "kind", speculation(route)),
+        element("span", "state", "idle"));
+      const badges = element("p", "badges");
+      badges.append(element("span", "badge choice", "the gateway's choice"),
+        element("span", "badge fastest", "fastest"));
+      title.querySelector(".kind").hidden = speculation(route) === route.name; // "none" once
+      el.append(title, badges, element("p", "predicted", "\u00a0"), element("dl", "figures"),
+        element("p", "message"), element("pre", "output"));
+      el.querySelector(".message").hidden = true;
+      this.el = el;
+    }
+
+    // The dry run's figures for this route, under its name (empty: none).
+    predict(text) {
+      this.el.querySelector(".predicted").textContent = text || "\u00a0";
     }
 
     set(state, label) {
@@ -167,7 +205,8 @@
 
     reset() {
       this.result = null;
-      this.el.classList.remove("faster");
+      delete this.el.dataset.speedup;
+      this.el.classList.remove("faster"); // "chosen" is the dry run's, set before the run
       this.el.querySelector(".output").textContent = "";
       this.say("");
       this.set("waiting", "waiting");
@@ -233,8 +272,8 @@
     }
 
     notReported() {
-      return this.route === "baseline"
-        ? ["not reported: no drafts", null, "the baseline server does not speculate"]
+      return !this.speculates
+        ? ["not reported: no drafts", null, "this route's server does not speculate"]
         : ["not reported", null, "this server sends no per-request speculative metrics: " +
           "start vLLM with --per-request-spec-decode-metrics"];
     }
@@ -332,7 +371,39 @@
     }
   }
 
-  const sides = Object.fromEntries(ROUTES.map((r) => [r, new Side(r)]));
+  // One column per route, rebuilt only when the configuration's routes change (a
+  // reload may change them; a run in progress keeps its columns).
+  function setRoutes(list) {
+    if (!Array.isArray(list) || !list.length) return;
+    const key = (rs) => JSON.stringify(rs.map((r) => [r.name, r.method, r.num_speculative_tokens]));
+    if (key(list) === key(routes) || running) return;
+    routes = list;
+    sides = {};
+    const box = $("sides");
+    box.replaceChildren();
+    box.dataset.count = String(list.length);
+    list.forEach((r, i) => {
+      const side = new Side(r, i);
+      sides[r.name] = side;
+      box.append(side.el);
+      side.figures({});
+    });
+    $("run").disabled = false;
+    $("routes-note").textContent = `${list.length} routes: ` +
+      list.map((r) => (speculation(r) === r.name ? r.name : `${r.name} (${speculation(r)})`))
+        .join(", ");
+  }
+
+  // The route speedups are over: the first without speculation (null: all speculate).
+  function reference() {
+    const plain = routes.find((r) => !(r.num_speculative_tokens > 0));
+    return plain ? plain.name : null;
+  }
+
+  function colorOf(name) {
+    const i = routes.findIndex((r) => r.name === name);
+    return i < 0 ? "" : String(i % COLORS);
+  }
 
   // ---- the decision panel ----------------------------------------------------------
 
@@ -351,22 +422,63 @@
   }
 
   function showDecision(d) {
+    setRoutes(d.routes);
     const panel = $("decision");
     panel.dataset.state = "decided";
     panel.dataset.route = d.route;
+    panel.dataset.color = colorOf(d.route);
     panel.dataset.reason = d.reason;
-    $("decision-summary").textContent =
-      `The gateway would send this to ${d.route}: ${d.reason} (policy ${d.policy}).`;
+    const chosen = routes.find((r) => r.name === d.route);
+    $("decision-summary").textContent = `The gateway would send this to ${d.route}` +
+      `${chosen ? ` (${speculation(chosen)})` : ""}: ${d.reason} (policy ${d.policy}).`;
     const p = d.predicted_s || {};
-    const speedup = d.predicted_speedup;
-    const a = d.acceptance;
-    pairs($("prediction"), [
-      ["predicted speculative", p.speculative === undefined ? "–" : secs(p.speculative), "spec"],
-      ["predicted baseline", p.baseline === undefined ? "–" : secs(p.baseline), "base"],
-      ["predicted speedup", speedup === null ? "– (this policy predicts no latencies)"
-        : ratio(speedup), "speedup"],
-      ["believed acceptance", a.rate === null ? "no estimate" : a.rate.toFixed(2), "acceptance"],
-    ]);
+    const speedup = d.predicted_speedup || {};
+    const why = d.why || {};
+    const cost = why.cost_s || {};
+    const steps = why.tokens_per_step || {};
+    const spared = why.spared || {};
+    $("speedup-head").textContent = d.speedup_over
+      ? `predicted speedup over ${d.speedup_over}` : "predicted speedup";
+    const body = $("prediction-table").querySelector("tbody");
+    body.replaceChildren();
+    for (const r of routes) {
+      const a = (d.acceptance || {})[r.name];
+      const tr = element("tr");
+      tr.dataset.route = r.name;
+      tr.dataset.color = colorOf(r.name);
+      if (r.name === d.route) tr.className = "chosen";
+      const notes = [];
+      if (r.name === d.route) notes.push("chosen");
+      if (spared[r.name]) notes.push(`spared: ${spared[r.name]}`);
+      tr.append(
+        cell(r.name, "name"), cell(speculation(r)),
+        cell(p[r.name] === undefined ? "–" : secs(p[r.name]), "", "predicted"),
+        cell(speedup[r.name] === undefined ? "–" : ratio(speedup[r.name]), "", "speedup"),
+        cell(!a ? "no drafts" : a.rate === null ? "no estimate" : a.rate.toFixed(2),
+          a ? "" : "na", "acceptance"),
+        cell(steps[r.name] === undefined ? "–" : steps[r.name].toFixed(2)),
+        cell(cost[r.name] === undefined ? "–" : secs(cost[r.name])),
+        cell(notes.join("; "), "note"),
+      );
+      body.append(tr);
+    }
+    for (const [name, side] of Object.entries(sides)) {
+      side.el.classList.toggle("chosen", name === d.route);
+      const parts = [];
+      if (p[name] !== undefined) parts.push(`predicted ${secs(p[name])}`);
+      if (speedup[name] !== undefined && name !== d.speedup_over) {
+        parts.push(`${ratio(speedup[name])} over ${d.speedup_over}`);
+      }
+      if (spared[name]) parts.push(`spared: ${spared[name]}`);
+      side.predict(parts.join(" · "));
+    }
+    const rows = [["rule", why.rule === undefined ? "–" : String(why.rule), "rule"]];
+    if (why.profile !== undefined) rows.push(["profile", String(why.profile), "profile"]);
+    rows.push(["GPU group", String(d.pair), "pair"]);
+    if (p[d.route] === undefined) {
+      rows.push(["predicted", "– (this policy predicts no latencies)", "predicted"]);
+    }
+    pairs($("prediction"), rows);
     const f = d.features;
     pairs($("features"), [
       ["workload", f.workload], ["prompt tokens", String(f.prompt_tokens)],
@@ -380,40 +492,63 @@
   function decisionFailed(message) {
     const panel = $("decision");
     panel.dataset.state = "error";
+    delete panel.dataset.route;
+    delete panel.dataset.color;
     $("decision-summary").textContent = message;
     $("decision-detail").hidden = true;
+    for (const side of Object.values(sides)) {
+      side.predict("");
+      side.el.classList.remove("chosen");
+    }
   }
 
   function showVerdict(decision, mode) {
     const v = $("verdict");
-    const spec = sides.speculative.result;
-    const base = sides.baseline.result;
     v.hidden = false;
     delete v.dataset.right;
-    if (!spec || !base) {
-      v.dataset.faster = "";
-      v.textContent = "No comparison: one side did not finish (see its message).";
+    delete v.dataset.faster;
+    delete v.dataset.measured;
+    delete v.dataset.predicted;
+    const all = Object.values(sides);
+    const missing = all.filter((s) => !s.result).map((s) => s.route);
+    if (missing.length) {
+      v.textContent = `No comparison: ${missing.join(", ")} did not finish (see ` +
+        `${missing.length > 1 ? "their messages" : "its message"}).`;
       return;
     }
-    const measured = base.e2e / spec.e2e;
-    const faster = measured >= 1 ? "speculative" : "baseline";
-    sides[faster].el.classList.add("faster");
-    v.dataset.faster = faster;
-    v.dataset.measured = String(measured);
-    const parts = [`Measured speedup ${ratio(measured)} (baseline ${secs(base.e2e)} / ` +
-      `speculative ${secs(spec.e2e)}): ${faster} was faster.`];
-    if (decision && decision.predicted_speedup !== null) {
-      v.dataset.predicted = String(decision.predicted_speedup);
-      parts.push(`Predicted ${ratio(decision.predicted_speedup)}.`);
+    const fastest = all.reduce((a, b) => (b.result.e2e < a.result.e2e ? b : a));
+    fastest.el.classList.add("faster");
+    v.dataset.faster = fastest.route;
+    const parts = [`Fastest: ${fastest.route}, ${secs(fastest.result.e2e)} e2e` +
+      (all.length > 1 ? ` (${all.filter((s) => s !== fastest)
+        .map((s) => `${s.route} ${secs(s.result.e2e)}`).join(", ")}).` : ".")];
+    const over = reference();
+    if (over && sides[over]) {
+      const base = sides[over].result.e2e;
+      const measured = {};
+      for (const s of all) {
+        measured[s.route] = base / s.result.e2e;
+        s.el.dataset.speedup = String(measured[s.route]);
+      }
+      v.dataset.measured = JSON.stringify(measured);
+      const others = all.filter((s) => s.route !== over);
+      parts.push(`Measured speedup over ${over}: ` +
+        others.map((s) => `${s.route} ${ratio(measured[s.route])}`).join(", ") + ".");
+      const predicted = decision && decision.predicted_speedup;
+      if (predicted) {
+        v.dataset.predicted = JSON.stringify(predicted);
+        parts.push("Predicted: " + others.filter((s) => predicted[s.route] !== undefined)
+          .map((s) => `${s.route} ${ratio(predicted[s.route])}`).join(", ") + ".");
+      }
     }
     if (decision) {
-      v.dataset.right = String(decision.route === faster);
-      parts.push(decision.route === faster
-        ? `The gateway's choice, ${decision.route}, was the faster one.`
-        : `The gateway would have chosen ${decision.route}, the slower one here.`);
+      v.dataset.right = String(decision.route === fastest.route);
+      parts.push(decision.route === fastest.route
+        ? `The gateway's choice, ${decision.route}, was the fastest.`
+        : `The gateway would have chosen ${decision.route}, not the fastest here.`);
     }
     parts.push(mode === "together"
-      ? "Both ran at once: on one shared GPU each slowed the other, and the prediction " +
+      ? "They ran at once: on one shared GPU each slowed the others, and the prediction " +
         "is for a request alone."
       : "They ran one after the other, each alone.");
     v.textContent = parts.join(" ");
@@ -421,42 +556,71 @@
 
   // ---- live figures ----------------------------------------------------------------
 
-  function cell(text, cls) {
+  function cell(text, cls, key) {
     const td = document.createElement("td");
     td.textContent = text;
     if (cls) td.className = cls;
+    if (key) td.dataset.key = key;
     return td;
   }
 
+  function head(row, parts) {
+    const th = document.createElement("th");
+    const [top, bottom] = parts;
+    th.append(top);
+    if (bottom) th.append(document.createElement("br"), bottom);
+    row.append(th);
+  }
+
+  // The live table: a column of requests and of mean e2e over every route (a / b / c,
+  // in the configuration's order), and one of acceptance per speculative route.
   function showStats(s) {
+    setRoutes(s.routes);
+    const names = routes.map((r) => r.name);
+    const drafting = routes.filter((r) => r.num_speculative_tokens > 0);
+    const top = document.createElement("tr");
+    head(top, ["workload"]);
+    head(top, ["requests", names.join(" / ")]);
+    for (const r of drafting) head(top, [`acceptance, ${r.name}`, "measured / believed"]);
+    const e2e = document.createElement("i");
+    e2e.textContent = "not paired";
+    head(top, [`mean e2e, ${names.join(" / ")}`, e2e]);
+    head(top, ["live speedup"]);
+    $("live-table").querySelector("thead").replaceChildren(top);
     const body = $("live-table").querySelector("tbody");
     body.replaceChildren();
     for (const [name, w] of Object.entries(s.workloads)) {
       const tr = document.createElement("tr");
       tr.dataset.workload = name;
-      const acc = w.acceptance;
-      const e2e = w.e2e_mean_s;
+      tr.append(cell(name), cell(names.map((r) => String(w.requests[r] || 0)).join(" / ")));
+      for (const r of drafting) {
+        const acc = w.acceptance[r.name] || {};
+        const measured = acc.measured_rate === null || acc.measured_rate === undefined
+          ? (acc.measured_requests === null ? "not by route" : "none yet")
+          : `${acc.measured_rate.toFixed(2)} (${acc.measured_requests})`;
+        const believed = acc.believed_rate === null || acc.believed_rate === undefined
+          ? "–" : acc.believed_rate.toFixed(2);
+        const td = cell(`${measured} / ${believed}`, acc.measured_rate === null ? "na" : "");
+        td.dataset.route = r.name;
+        tr.append(td);
+      }
       tr.append(
-        cell(name),
-        cell(`${w.requests.speculative} / ${w.requests.baseline}`),
-        acc.measured_rate === null ? cell("none yet", "na")
-          : cell(`${acc.measured_rate.toFixed(2)} (${acc.measured_requests})`),
-        cell(acc.believed_rate === null ? "–" : acc.believed_rate.toFixed(2)),
-        cell(`${e2e.speculative === null ? "–" : secs(e2e.speculative)} / ` +
-          `${e2e.baseline === null ? "–" : secs(e2e.baseline)}`),
+        cell(names.map((r) => (w.e2e_mean_s[r] === null || w.e2e_mean_s[r] === undefined
+          ? "–" : secs(w.e2e_mean_s[r]))).join(" / ")),
         w.speedup === null ? cell("not measured", "na")
           : cell(`${w.speedup.toFixed(2)}x (${w.shadow_pairs})`),
       );
       body.append(tr);
     }
     const reasons = Object.entries(s.reasons).map(([r, n]) => `${r} ${n}`).join(", ");
-    $("live-notes").textContent = `Route mix: speculative ${s.requests.speculative || 0}, ` +
-      `baseline ${s.requests.baseline || 0}. Decisions by reason: ${reasons || "none yet"}. ` +
-      `Live speedup: ${s.speedup.why}. Acceptance: accepted / drafted tokens (measured: ` +
-      "mean per request, and how many; believed: the policy's estimate).";
-    const health = ROUTES.map((r) => `${r} ${s.backends[r].healthy ? "up" : "DOWN"}`);
+    $("live-notes").textContent = "Route mix: " +
+      names.map((r) => `${r} ${s.requests[r] || 0}`).join(", ") +
+      `. Decisions by reason: ${reasons || "none yet"}. Live speedup: ${s.speedup.why}. ` +
+      "Acceptance: accepted / drafted tokens (measured: mean per request on that route, " +
+      "and how many; believed: the policy's estimate for that route).";
+    const health = names.map((r) => `${r} ${s.backends[r] && s.backends[r].healthy ? "up" : "DOWN"}`);
     $("health").textContent = "backends: " + health.join(", ");
-    $("health").classList.toggle("bad", ROUTES.some((r) => !s.backends[r].healthy));
+    $("health").classList.toggle("bad", names.some((r) => !(s.backends[r] && s.backends[r].healthy)));
   }
 
   async function refreshStats() {
@@ -464,6 +628,7 @@
       showStats(await api("/stats"));
     } catch (e) {
       $("live-notes").textContent = "Live figures unavailable: " + e.message;
+      if (!routes.length) $("routes-note").textContent = "no routes yet: " + e.message;
     }
   }
 
@@ -483,7 +648,7 @@
   // ---- run -------------------------------------------------------------------------
 
   async function run() {
-    if (running) return;
+    if (running || !routes.length) return;
     running = true;
     $("run").disabled = true;
     document.body.dataset.run = "running";
@@ -506,10 +671,11 @@
         decisionFailed(e.status ? `The gateway refused this request (${e.status}): ${e.message}`
           : "The decision failed: " + e.message);
       }
+      const columns = Object.values(sides); // the configuration's order
       if (mode === "together") {
-        await Promise.all(ROUTES.map((r) => sides[r].run(body)));
+        await Promise.all(columns.map((side) => side.run(body)));
       } else {
-        for (const r of ROUTES) await sides[r].run(body);
+        for (const side of columns) await side.run(body);
       }
       showVerdict(decision, mode);
       await refreshStats();
@@ -539,7 +705,6 @@
       presets.append(b);
     }
     applyPreset(PRESETS[0]);
-    for (const s of Object.values(sides)) s.figures({});
     $("run").addEventListener("click", run);
     $("key-form").addEventListener("submit", (event) => {
       event.preventDefault();
