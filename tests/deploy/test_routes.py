@@ -52,6 +52,7 @@ def test_a_whole_speculative_config() -> None:
         ("ngram:0", "k must be"),
         ("Fast=ngram:2", "lower-case"),
         ("x={not json", "not JSON"),
+        ("gateway=none", "is taken"),
     ],
 )
 def test_bad_routes(text: str, why: str) -> None:
