@@ -135,22 +135,22 @@ async def _warm_up(gateway: str, per_workload: int, concurrency: int, out: TextI
     await run_bench(opts, out=io.StringIO(), tag="demo warm-up")
     async with aiohttp.ClientSession() as session, session.get(f"{gateway}/stats") as resp:
         stats: dict[str, Any] = await resp.json()
+    order = [r["name"] for r in stats["routes"]]  # the configured routes, in order
     print(
-        f"  {'workload':<14}{'spec/base':>10}{'believed':>10}{'measured':>10}  "
-        "(acceptance: accepted/proposed drafts)",
+        f"  {'workload':<14}{'/'.join(order):>22}  believed/measured acceptance per "
+        "speculative route (accepted/proposed drafts)",
         file=out,
     )
     for name, w in stats["workloads"].items():
         routes = w["requests"]
         if not sum(routes.values()):
             continue
-        acc = w["acceptance"]
-        believed, measured = acc["believed_rate"], acc["measured_rate"]
-        print(
-            f"  {name:<14}{routes['speculative']:>5}/{routes['baseline']:<4}"
-            f"{_rate(believed):>10}{_rate(measured):>10}",
-            file=out,
+        counts = "/".join(str(routes.get(r, 0)) for r in order)
+        acc = "  ".join(
+            f"{route} {_rate(a['believed_rate'])}/{_rate(a['measured_rate'])}"
+            for route, a in w["acceptance"].items()
         )
+        print(f"  {name:<14}{counts:>22}  {acc}", file=out)
     print(file=out, flush=True)
 
 

@@ -182,7 +182,7 @@ async def wait_for_profile(
                 break
             if not said:
                 print(
-                    "profile: waiting for the gateway to measure both servers before the first "
+                    "profile: waiting for the gateway to measure its servers before the first "
                     f"timed request (at most {timeout_s:.0f} s)",
                     file=out,
                     flush=True,
@@ -200,8 +200,11 @@ async def wait_for_profile(
     if profile is None:
         print("profile: not in (the gateway routes on its built-in prior)", file=out, flush=True)
         return
-    spec = next(r for r in profile["routes"] if r["name"] == "speculative")
-    tps = ", ".join(f"{w} {v[0]:.2f}" for w, v in spec["tokens_per_step"].items())
+    tps = "; ".join(
+        f"{r['name']}: " + ", ".join(f"{w} {v[0]:.2f}" for w, v in r["tokens_per_step"].items())
+        for r in profile["routes"]
+        if r.get("tokens_per_step")  # the speculative routes
+    )
     beside = ", ".join(f"{r['name']} x{r['beside']:.2f}" for r in profile["routes"])
     print(
         f"profile ({profile['source']}): {profile['took_s']:.1f} s, a busy neighbour slows "
