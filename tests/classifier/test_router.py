@@ -12,7 +12,7 @@ from classifier.features import Endpoint, RequestFeatures, Workload
 from classifier.guards import GuardsConfig
 from classifier.profile import Curve, EngineProfile, ProfileError, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
-from classifier.types import BackendState, LiveState, Route, two_routes
+from classifier.types import BackendState, LiveState, Route, RouteSpec, two_routes
 from gateway.wire.life import Lesson
 from tests.support import whole_state
 
@@ -271,6 +271,45 @@ def test_the_routes_are_the_profiles_list_and_its_order_changes_nothing() -> Non
     assert extra.predict(feats(Workload.CODE), IDLE).keys() == {SPEC, BASE}
     with pytest.raises(ValueError, match="speculative"):
         make(replace(forward, routes=(unknown, forward.routes[1])))
+
+
+def test_three_routes_each_priced_at_its_own_k_and_taught_by_its_own_answers() -> None:
+    """none, k=3 and k=7 (both speculative routes on the same measured step, for clarity):
+    the probes' tokens per step give each its own rate at its own k, and k=7's 4 tokens a
+    step beat k=3's 2.5. Answers on k=7 at rate 0.05 teach k=7 alone: k=3's belief stays
+    its probe's, not borrowed, and code moves to k=3."""
+    measured = profile(probes={Workload.CODE: 3.0})
+    spec, plain = measured.routes
+
+    def speculative(name: str, k: int, tokens: float) -> RouteProfile:
+        identity = replace(spec.identity, speculative="eagle3", num_speculative_tokens=k)
+        return replace(
+            spec, name=name, identity=identity, tokens_per_step={Workload.CODE: (tokens, 40)}
+        )
+
+    none, k3, k7 = Route("none"), Route("eagle3-k3"), Route("eagle3-k7")
+    policy = ProfiledPolicy(
+        RouterConfig(),
+        routes=[RouteSpec(none), RouteSpec(k3, 3, "eagle3"), RouteSpec(k7, 7, "eagle3")],
+        profile=replace(
+            measured,
+            routes=(replace(plain, name="none"), speculative(k3, 3, 2.5), speculative(k7, 7, 4.0)),
+        ),
+    )
+    idle = LiveState({r: BackendState() for r in (none, k3, k7)})
+    f = feats(Workload.CODE)
+    decision = policy.decide(f, idle)
+    assert decision.route == k7 and decision.why is not None
+    assert decision.why["tokens_per_step"] == {"eagle3-k3": 2.5, "eagle3-k7": 4.0}
+    before = policy.acceptance_beliefs()[k3][Workload.CODE]
+    assert before[0] == pytest.approx(0.5)  # (2.5 - 1) / 3
+    step = spec.step.at(1)
+    for _ in range(20):
+        took = spec.ttft.at(100) + 127 / (1 + 7 * 0.05) * step
+        policy.learn(Lesson(k7, f, idle, spec.ttft.at(100), took, 100, 128, 0.05, None))
+    assert policy.acceptance_beliefs()[k3][Workload.CODE] == before
+    assert policy.acceptance_beliefs()[k7][Workload.CODE][0] < 0.15
+    assert policy.decide(f, idle).route == k3
 
 
 def test_a_route_that_fails_a_kind_is_not_faster_for_it_until_it_recovers() -> None:
