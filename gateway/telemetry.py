@@ -174,9 +174,9 @@ class Metrics:
 
         self.acceptance = Histogram(
             "specroute_spec_acceptance_ratio",
-            "Per-request accepted drafts per decode step / k on the speculative route, every "
-            "step counted (a step yields 1 + k x this), by workload.",
-            ["workload", "source"],
+            "Per-request accepted drafts per decode step / k on a speculative route, every "
+            "step counted (a step yields 1 + k x this), by route, workload and source.",
+            ["route", "workload", "source"],
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
             registry=r,
         )

@@ -433,14 +433,15 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 8,
                 [
                     q(
-                        "sum by (workload, source) (rate(specroute_spec_acceptance_ratio_sum"
-                        f"{{{WL}}}[{RI}])) / sum by (workload, source) "
+                        "sum by (route, workload, source) (rate("
+                        f"specroute_spec_acceptance_ratio_sum{{{WL}}}[{RI}])) / sum by "
+                        "(route, workload, source) "
                         f"(rate(specroute_spec_acceptance_ratio_count{{{WL}}}[{RI}]))",
-                        "{{workload}} ({{source}})",
+                        "{{route}} {{workload}} ({{source}})",
                     )
                 ],
                 "Mean accepted/proposed draft tokens of the requests speculative routes "
-                "answered, by workload and source: vLLM's per-request metrics (exact), the "
+                "answered, by route, workload and source: vLLM's per-request metrics (exact), the "
                 "workload's rate attributed from vLLM's counters, or streamed steps.",
             ),
             (
@@ -450,11 +451,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 8,
                 [
                     q(
-                        f"avg by (workload) (specroute_estimated_acceptance_ratio{{{WL}}})",
-                        "{{workload}}",
+                        f"avg by (route, workload) (specroute_estimated_acceptance_ratio{{{WL}}})",
+                        "{{route}} {{workload}}",
                     )
                 ],
-                "The cost model's per-position acceptance estimate per workload, what it "
+                "The cost model's per-position acceptance estimate per speculative route and "
+                "workload, what it "
                 "routes on (a, not accepted/proposed: a=0.8 with k=4 is about 0.59 of drafts).",
             ),
             (
@@ -505,11 +507,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 8,
                 [
                     q(
-                        f"avg by (workload) (specroute_attributed_acceptance_ratio{{{WL}}})",
-                        "{{workload}}",
+                        f"avg by (route, workload) (specroute_attributed_acceptance_ratio{{{WL}}})",
+                        "{{route}} {{workload}}",
                     )
                 ],
-                "Accepted/drafted tokens per workload, from vLLM's spec_decode counter deltas "
+                "Accepted/drafted tokens per speculative route and workload, from vLLM's "
+                "spec_decode counter deltas "
                 "shared among the requests decoding in each scrape window. What answers "
                 "without per-request metrics learn from; empty until enough drafted tokens.",
             ),

@@ -34,6 +34,7 @@ from yarl import URL
 
 from gateway.backends.pool import Backend, Upstream
 from gateway.errors import LOGGED, APIError, draining, request_id
+from gateway.outcomes.accounting import NO_ROUTE
 from gateway.request.dispatch import ROUTE_HEADER, note_failure
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from gateway.wire.failures import UPSTREAM_ERRORS, upstream_failure
@@ -252,7 +253,7 @@ async def forward(
             request_id=ids["X-Request-Id"],
             method=request.method,
             path=request.path,
-            route=answered_by or "none",
+            route=answered_by or NO_ROUTE,
             http_status=status,
             status=f"{status // 100}xx",
             duration_s=round(time.perf_counter() - started, 4),

@@ -81,7 +81,7 @@ async def stats(request: web.Request) -> web.Response:
                 }
                 for r in routes
             },
-            "requests": _per_route(requests, routes),  # "none": refused ones
+            "requests": _per_route(requests, routes),  # "_none": refused ones
             "reasons": _total_by(_samples(metrics.decisions, "_total"), "reason"),
             "workloads": {
                 w.value: _workload(w, metrics, requests, believed, routes, pairs) for w in Workload
@@ -206,7 +206,7 @@ def _samples(metric: MetricWrapperBase, suffix: str) -> Samples:
 
 def _per_route(samples: Samples, routes: Mapping[Route, RouteConfig]) -> dict[str, int]:
     """Totals per configured route in order (0 for one with none), then any other value
-    of the route label after them ("none": requests refused before a route)."""
+    of the route label after them ("_none": requests refused before a route)."""
     totals = _total_by(samples, "route")
     return {r.value: totals.pop(r.value, 0) for r in routes} | totals
 

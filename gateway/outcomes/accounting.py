@@ -9,10 +9,15 @@ from gateway.wire.life import RequestRecord
 
 log = structlog.get_logger("specroute.request")
 
+# The route label of a request refused before any route took it (bad input, over a
+# limit): "_" starts no route's name (classifier/types.py ROUTE_NAME), so it never
+# merges with a route's own figures (a route is often named "none").
+NO_ROUTE = "_none"
+
 
 def count_request(metrics: Metrics, record: RequestRecord) -> None:
     """Prometheus, for every request that reached the handler (cancelled and failed too)."""
-    route = record.route.value if record.route else "none"
+    route = record.route.value if record.route else NO_ROUTE
     workload = record.features.workload.value if record.features else "none"
     metrics.requests.labels(route, workload, record.status).inc()
     if record.decision is not None:
@@ -20,7 +25,7 @@ def count_request(metrics: Metrics, record: RequestRecord) -> None:
     if record.failover_from is not None:
         metrics.failovers.labels(record.failover_from.value, route).inc()
     if record.acceptance is not None:
-        metrics.acceptance.labels(workload, record.acceptance.source).observe(
+        metrics.acceptance.labels(route, workload, record.acceptance.source).observe(
             record.acceptance.per_step
         )
     if record.status != "2xx":
@@ -39,7 +44,7 @@ def log_request(record: RequestRecord) -> None:
     acceptance = record.acceptance
     log.info(
         "request",
-        route=record.route.value if record.route else "none",
+        route=record.route.value if record.route else NO_ROUTE,
         reason=record.decision.reason if record.decision else None,
         failover_from=record.failover_from.value if record.failover_from else None,
         workload=record.features.workload.value if record.features else "none",

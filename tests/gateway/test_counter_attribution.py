@@ -127,7 +127,7 @@ async def test_one_request_in_flight_is_exact_and_feeds_later_answers(
         (COUNTER_ATTRIBUTION, 0.75, 4.0),
     ]
     m = samples(await (await gateway.get("/metrics")).text())
-    key = (("source", COUNTER_ATTRIBUTION), ("workload", "chat"))
+    key = (("route", "speculative"), ("source", COUNTER_ATTRIBUTION), ("workload", "chat"))
     assert m[("specroute_spec_acceptance_ratio_count", key)] >= 2
     assert m[("specroute_acceptance_source", (("source", COUNTER_ATTRIBUTION),))] == 1
     assert m[("specroute_acceptance_source", (("source", UNKNOWN),))] == 0

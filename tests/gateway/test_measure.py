@@ -96,7 +96,7 @@ async def test_stream_steps_fallback_counts_token_events(
     m = samples(await (await gateway.get("/metrics")).text())
     key = (
         "specroute_spec_acceptance_ratio_count",
-        (("source", STREAM_STEPS), ("workload", "chat")),
+        (("route", "speculative"), ("source", STREAM_STEPS), ("workload", "chat")),
     )
     assert m[key] == 1
 

@@ -44,7 +44,7 @@ async def test_metrics_carry_route_workload_reason_and_status(gateway: Client) -
     key = "specroute_requests_total"
     assert m[(key, (("route", "speculative"), ("status", "2xx"), ("workload", "structured")))] == 1
     assert m[(key, (("route", "baseline"), ("status", "2xx"), ("workload", "creative")))] == 1
-    assert m[(key, (("route", "none"), ("status", "4xx"), ("workload", "none")))] == 1
+    assert m[(key, (("route", "_none"), ("status", "4xx"), ("workload", "none")))] == 1
     decisions = "specroute_route_decisions_total"
     assert m[(decisions, (("reason", "structured-low-temp"), ("route", "speculative")))] == 1
     assert m[(decisions, (("reason", "high-temperature"), ("route", "baseline")))] == 1

@@ -182,12 +182,6 @@ async def test_stats_counts_every_route_by_name_in_order(
             assert a["measured_requests"] == 0 and a["measured_rate"] is None  # fakes: none
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="specroute_spec_acceptance_ratio has no route label yet (gateway/telemetry.py, "
-    "gateway/outcomes/accounting.py): with two speculative routes /stats cannot tell "
-    "their measurements apart and says so (measured_requests null)",
-)
 async def test_stats_measures_acceptance_on_each_speculative_route_apart(
     tokens: TokenCounter,
 ) -> None:
@@ -218,7 +212,7 @@ async def test_stats_measures_acceptance_on_each_speculative_route_apart(
         "ngram-k4": 2,
     }
     for a in acceptance.values():
-        assert 0 < a["measured_rate"] <= 1
+        assert 0 <= a["measured_rate"] <= 1  # a short answer may accept no draft
         assert a["sources"] == ["per_request_metrics"]
     assert all(b["healthy"] for b in stats["backends"].values())
 
