@@ -162,11 +162,13 @@ async def believed(http: aiohttp.ClientSession, url: str) -> str:
         workloads = (await resp.json())["workloads"]
     parts = []
     for name, w in sorted(workloads.items()):
-        acc = w.get("acceptance") or {}
-        if acc.get("measured_rate") is not None:
-            held = acc.get("believed_rate")  # None: a policy that learns no acceptance
-            held_text = "-" if held is None else f"{held:.2f}"
-            parts.append(f"{name} {held_text} (measured {acc['measured_rate']:.2f})")
+        # Per speculative route (/stats keys acceptance by route name).
+        for route, acc in sorted((w.get("acceptance") or {}).items()):
+            if acc.get("measured_rate") is not None:
+                held = acc.get("believed_rate")  # None: a policy that learns no acceptance
+                held_text = "-" if held is None else f"{held:.2f}"
+                where = "" if route == "speculative" else f" on {route}"
+                parts.append(f"{name}{where} {held_text} (measured {acc['measured_rate']:.2f})")
     return ", ".join(parts) or "nothing measured"
 
 
