@@ -1,4 +1,8 @@
-"""Two emulated vLLM servers and the gateway in one process, on free local ports.
+"""Emulated vLLM servers and the gateway in one process, on free local ports.
+
+Two servers (speculative and baseline) and a gateway by default; `routes_stack`
+runs N routes (none, eagle3:3, ngram:8, ...), a server each on one emulated GPU,
+with a gateway over all of them and two-route gateways beside it.
 
 Used by `specroute demo`, `specroute serve --emulate` and the benchmarks: the
 same app factories as production, run under AppRunner with handler
@@ -24,7 +28,7 @@ import asyncio
 import contextlib
 import signal
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -179,6 +183,132 @@ async def local_stack(
         yield LocalStack(
             spec_url, base_url, gw_url, spec_cfg, gpus, dyn_url, dyn_cfg, pairs=tuple(urls)
         )
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
+
+
+# vLLM's --speculative-config "method" for each emulated drafter (the gateway's label).
+METHODS = {"eagle3": "eagle3", "draft-1b": "draft_model", "ngram": "ngram"}
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedRoute:
+    """One route of an emulated N-route stack: `none`, or DRAFTER:K (eagle3:3 is route
+    "eagle3-k3": an EAGLE-3 head proposing 3 tokens a step)."""
+
+    drafter: str | None  # None: no speculation
+    k: int = 0
+
+    @property
+    def name(self) -> str:
+        return "none" if self.drafter is None else f"{self.drafter}-k{self.k}"
+
+    @classmethod
+    def parse(cls, text: str) -> EmulatedRoute:
+        text = text.strip()
+        if text == "none":
+            return cls(None)
+        drafter, sep, k = text.partition(":")
+        if drafter not in METHODS or not sep or not k.isdigit() or int(k) < 1:
+            raise ValueError(
+                f"--routes: {text!r}: want none or DRAFTER:K, DRAFTER one of "
+                f"{', '.join(METHODS)} and K >= 1 (e.g. eagle3:3)"
+            )
+        return cls(drafter, int(k))
+
+    def emulator(self, plain: EmulatorConfig) -> EmulatorConfig:
+        if self.drafter is None:
+            return plain
+        return replace(
+            plain,
+            mode="speculative",
+            drafter=self.drafter,  # type: ignore[arg-type]  # checked by parse (METHODS)
+            num_speculative_tokens=self.k,
+            per_request_spec_decode_metrics="summary",
+        )
+
+    def table(self, url: str, emulator: EmulatorConfig) -> dict[str, Any]:
+        """Its [routes.NAME] table: method, k and c as its emulated server runs them."""
+        if self.drafter is None:
+            return {"urls": [url], "method": "none"}
+        return {
+            "urls": [url],
+            "method": METHODS[self.drafter],
+            "num_speculative_tokens": self.k,
+            "draft_cost_ratio": draft_cost_ratio(emulator),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RoutesStack:
+    """N emulated servers on one emulated GPU and the gateways over them."""
+
+    servers: dict[str, str]  # route name -> its server's URL, in the routes' order
+    gateways: dict[str, str]  # "gateway" (all routes), "gateway-2:NAME" (plain + NAME)
+    emulators: dict[str, EmulatorConfig]  # route name -> its server's knobs
+
+
+def routes_config(
+    routes: Sequence[EmulatedRoute],
+    servers: Mapping[str, str],
+    emulators: Mapping[str, EmulatorConfig],
+) -> Config:
+    """A gateway over these routes ([routes.NAME] tables in this order)."""
+    raw: dict[str, Any] = {
+        "routes": {r.name: r.table(servers[r.name], emulators[r.name]) for r in routes},
+        "upstream": {"scrape_interval_s": 0.5, "health_interval_s": 1.0},
+    }
+    return parse_config(raw)
+
+
+@contextlib.asynccontextmanager
+async def routes_stack(
+    routes: Sequence[EmulatedRoute],
+    *,
+    time_scale: float = 1.0,
+    seed: int = 0,
+    gpu_profile: str = DEFAULT_GPU_PROFILE,
+    pairs_with: Sequence[str] | None = None,
+    ready: Callable[[str], Awaitable[None]] | None = None,
+) -> AsyncIterator[RoutesStack]:
+    """A server per route, all on ONE emulated GPU (as deployed on one), a gateway over
+    all of them ("gateway") and a two-route gateway over the plain route and each route
+    of `pairs_with` ("gateway-2:NAME"; None: every speculative route). The gateways
+    start one after the other, each once `ready(url)` returns (the bench waits there for
+    its start-up profile, so no two profiles' probes share the GPU)."""
+    names = [r.name for r in routes]
+    if len(set(names)) != len(names) or len(routes) < 2:
+        raise ValueError(f"routes_stack: want two distinct routes or more, got {names}")
+    plain = next((r for r in routes if r.drafter is None), None)
+    if plain is None:
+        raise ValueError("routes_stack: one route must be none (the plain server)")
+    pairs_with = [r.name for r in routes if r.drafter] if pairs_with is None else pairs_with
+    unknown = [n for n in pairs_with if n not in names or n == plain.name]
+    if unknown:
+        raise ValueError(f"routes_stack: no speculative route {', '.join(unknown)} to pair")
+    base = EmulatorConfig(
+        mode="baseline", model=MODEL, seed=seed, time_scale=time_scale, gpu_profile=gpu_profile
+    )
+    emulators = {r.name: r.emulator(base) for r in routes}
+    gpu = SharedGpu()
+    runners: list[web.AppRunner] = []
+    try:
+        servers: dict[str, str] = {}
+        for r in routes:
+            runner, servers[r.name] = await serve_app(create_emulator_app(emulators[r.name], gpu))
+            runners.append(runner)
+        by_name = {r.name: r for r in routes}
+        gateways: dict[str, list[EmulatedRoute]] = {"gateway": list(routes)}
+        gateways |= {f"gateway-2:{n}": [plain, by_name[n]] for n in pairs_with}
+        urls: dict[str, str] = {}
+        for label, members in gateways.items():
+            config = routes_config(members, servers, emulators)
+            runner, urls[label] = await serve_app(create_app(config))
+            runners.append(runner)
+            if ready is not None:
+                await ready(urls[label])
+        yield RoutesStack(servers, urls, emulators)
     finally:
         for runner in reversed(runners):
             await runner.cleanup()

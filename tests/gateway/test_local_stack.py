@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from classifier.types import Route
 from tooling.emulator import EmulatorConfig
-from tooling.local_stack import MODEL, gateway_config, local_stack
+from tooling.local_stack import (
+    MODEL,
+    EmulatedRoute,
+    gateway_config,
+    local_stack,
+    routes_config,
+    routes_stack,
+)
 
 EMULATOR = EmulatorConfig(mode="speculative", model=MODEL)
 
@@ -21,4 +29,27 @@ def test_the_gateway_is_not_told_the_topology() -> None:
 async def test_only_one_or_two_gpus() -> None:
     with pytest.raises(ValueError, match="gpus is 1 or 2"):
         async with local_stack(gpus=3):
+            pass
+
+
+def test_emulated_routes_are_named_and_configured_as_their_servers_run() -> None:
+    routes = [EmulatedRoute.parse(t) for t in ("none", "eagle3:3", "ngram:8")]
+    assert [r.name for r in routes] == ["none", "eagle3-k3", "ngram-k8"]
+    plain = EmulatorConfig(mode="baseline", model=MODEL)
+    emulators = {r.name: r.emulator(plain) for r in routes}
+    assert emulators["none"] is plain
+    assert emulators["eagle3-k3"].drafter == "eagle3"
+    assert emulators["ngram-k8"].num_speculative_tokens == 8
+    config = routes_config(routes, {r.name: f"http://{r.name}" for r in routes}, emulators)
+    assert list(config.routes) == ["none", "eagle3-k3", "ngram-k8"]
+    assert config.routes[Route("eagle3-k3")].method == "eagle3"
+    assert config.routes[Route("ngram-k8")].num_speculative_tokens == 8
+    assert config.routes[Route("none")].speculative is False
+    with pytest.raises(ValueError, match="DRAFTER:K"):
+        EmulatedRoute.parse("eagle3:0")
+
+
+async def test_routes_stack_wants_a_plain_route() -> None:
+    with pytest.raises(ValueError, match="one route must be none"):
+        async with routes_stack([EmulatedRoute("eagle3", 3), EmulatedRoute("ngram", 4)]):
             pass

@@ -208,6 +208,8 @@ def _whole_run(done: list[CellRun]) -> dict[str, Any]:
     """regret (and, with a dynamic target, its two ratios) over every load and workload."""
     run = whole_run(done)
     out = {"regret": run.get("regret"), "regret_ci": run.get("regret_ci")}
+    if "n_route" in run:
+        out["n_route"] = run["n_route"]
     if "gateway_vs_dynamic" in run:
         for key in ("gateway_vs_dynamic", "dynamic_regret"):
             out[key], out[f"{key}_ci"] = run[key], run[f"{key}_ci"]

@@ -7,13 +7,20 @@
     specroute bench --emulate ...      # the three targets on EMULATED backends, in-process
     specroute bench --emulate --with-dynamic [--dynamic-schedule JSON] ...
                                        # and a fourth: one EMULATED dynamic-SD server
+    specroute bench --target route:none=URL --target route:eagle3-k3=URL ... \
+        --target gateway=URL [--target gateway-2:eagle3-k3=URL] ...
+                                       # N routes: every static route, the gateways, the oracle
+    specroute bench --emulate --routes none,eagle3:3,eagle3:7,ngram:8 [--pair-with NAME,...]
+                                       # the same on N EMULATED servers on one GPU
 
 The target names baseline, speculative, gateway and dynamic carry meaning
 (speedups are against "baseline", acceptance is read from "speculative", the
 oracle and regret need the first three; "dynamic", one vLLM server with dynamic
 speculative decoding, is compared with the oracle and the gateway and its
 acceptance is read from its own counters); any other name is benched and
-compared to the baseline.
+compared to the baseline. N routes: targets route:NAME (each route's server alone),
+gateway (over all routes) and gateway-*; the oracle is then over every route, the
+speedups against the best static route (tooling/bench/routes.py).
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ from pathlib import Path
 from gateway.config import ConfigError, normalize_backend_url
 from tooling.bench import BenchOptions, BenchOutcome, run_bench
 from tooling.bench.plan import builtin_names, is_file, parse_list
+from tooling.bench.routes import ROUTE_PREFIX
 from tooling.bench.stats import DYNAMIC
 from tooling.datasets import require as require_dataset
 from tooling.emulator.config import DEFAULT_GPU_PROFILE, add_gpu_arguments
 from tooling.emulator.dynamic import Schedule, schedule_arg
+from tooling.local_stack import EmulatedRoute
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +72,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --with-dynamic: its num_speculative_tokens_per_batch_size, as vLLM's "
         "--speculative-config takes it, e.g. '[[1,4,4],[5,16,2],[17,256,0]]' "
         "(default: the emulator's)",
+    )
+    p.add_argument(
+        "--routes",
+        metavar="ROUTE,ROUTE,...",
+        help="with --emulate: N routes instead of the pair, each an EMULATED server on ONE "
+        "GPU: none or DRAFTER:K (DRAFTER eagle3, draft-1b or ngram), e.g. "
+        "none,eagle3:3,eagle3:7,ngram:8; benched alone (target route:NAME, NAME e.g. "
+        "eagle3-k3), behind a gateway over all of them (gateway) and behind a two-route "
+        "gateway of none and each other route (gateway-2:NAME)",
+    )
+    p.add_argument(
+        "--pair-with",
+        metavar="NAME,...",
+        help="with --routes: the two-route gateways to start, by the route they pair with "
+        "none (default: every speculative route, so the best pair is measured, not guessed)",
     )
     p.add_argument(
         "--workload",
@@ -116,6 +140,11 @@ def options(args: argparse.Namespace, argv: list[str]) -> BenchOptions:
         if name.strip() in targets:
             raise ConfigError(f"--target {name}: given twice")
         targets[name.strip()] = normalize_backend_url(url.strip(), f"--target {name}")
+    if (args.routes or args.pair_with) and not args.emulate:
+        raise ConfigError(
+            "--routes starts EMULATED servers and needs --emulate (real ones: "
+            "--target route:NAME=URL per route, --target gateway=URL)"
+        )
     if not targets and not args.emulate:
         raise ConfigError("bench: give --target NAME=URL (repeatable) or --emulate")
     if args.with_dynamic and not args.emulate:
@@ -125,6 +154,21 @@ def options(args: argparse.Namespace, argv: list[str]) -> BenchOptions:
         )
     if args.with_dynamic and DYNAMIC in targets:
         raise ConfigError("--with-dynamic and --target dynamic=URL: give one of them")
+    if args.pair_with and not args.routes:
+        raise ConfigError("--pair-with needs --routes")
+    if args.routes and args.with_dynamic:
+        raise ConfigError("--routes and --with-dynamic: give one of them")
+    if args.routes:
+        try:
+            names = [r.name for r in emulated_routes(args.routes)]
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        pair = [n.strip() for n in (args.pair_with or "").split(",") if n.strip()]
+        if bad := [n for n in pair if n not in names or n == "none"]:
+            raise ConfigError(
+                f"--pair-with {', '.join(bad)}: not a speculative route of --routes "
+                f"({', '.join(n for n in names if n != 'none')})"
+            )
     if args.dynamic_schedule is not None and not args.with_dynamic:
         raise ConfigError("--dynamic-schedule needs --with-dynamic")
     if not is_file(args.workload):
@@ -181,6 +225,8 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
             args.dynamic_schedule,
             args.gpu_profile,
             args.drafter,
+            emulated_routes(args.routes) if args.routes else (),
+            tuple(n.strip() for n in args.pair_with.split(",")) if args.pair_with else None,
         )
     try:
         outcome = asyncio.run(_run(opts, stack))
@@ -204,11 +250,23 @@ class EmulatedStack:
     dynamic_schedule: Schedule | None = None  # None: the emulator's default schedule
     gpu_profile: str = DEFAULT_GPU_PROFILE
     drafter: str = "draft-1b"
+    routes: tuple[EmulatedRoute, ...] = ()  # --routes: N routes instead of the pair
+    pair_with: tuple[str, ...] | None = None  # their two-route gateways (None: every one)
+
+
+def emulated_routes(text: str) -> tuple[EmulatedRoute, ...]:
+    routes = tuple(EmulatedRoute.parse(t) for t in text.split(",") if t.strip())
+    names = [r.name for r in routes]
+    if len(routes) < 2 or len(set(names)) != len(names) or "none" not in names:
+        raise ValueError(f"--routes: want none and one route or more, each once; got {text!r}")
+    return routes
 
 
 async def _run(opts: BenchOptions, emulated: EmulatedStack | None) -> BenchOutcome:
     if emulated is None:
         return await run_bench(opts)
+    if emulated.routes:
+        return await _run_routes(opts, emulated)
     from dataclasses import replace
 
     from tooling.emulator.cli import describe_dynamic
@@ -231,4 +289,43 @@ async def _run(opts: BenchOptions, emulated: EmulatedStack | None) -> BenchOutco
                 flush=True,
             )
         targets["gateway"] = stack.gateway
+        return await run_bench(replace(opts, targets={**targets, **opts.targets}))
+
+
+async def _run_routes(opts: BenchOptions, emulated: EmulatedStack) -> BenchOutcome:
+    """--emulate --routes: every route alone, the N-route gateway and the two-route ones."""
+    from dataclasses import replace
+
+    import aiohttp
+
+    from tooling.bench.targets import wait_for_profile
+    from tooling.emulator.costs import describe_gpu
+    from tooling.local_stack import routes_stack
+
+    async def ready(url: str) -> None:  # one gateway's profile at a time on the one GPU
+        await wait_for_profile(aiohttp.ClientSession, url, sys.stderr)
+
+    names = ", ".join(r.name for r in emulated.routes)
+    print(
+        f"specroute bench: EMULATED routes {names}, a server each on ONE emulated GPU, "
+        "no model runs; starting the gateways one at a time (each measures its profile)",
+        file=sys.stderr,
+        flush=True,
+    )
+    async with routes_stack(
+        emulated.routes,
+        time_scale=emulated.time_scale,
+        gpu_profile=emulated.gpu_profile,
+        seed=opts.seed,
+        pairs_with=emulated.pair_with,
+        ready=ready,
+    ) as stack:
+        for name, emulator in stack.emulators.items():
+            print(
+                f"specroute bench: route {name} is EMULATED: {describe_gpu(emulator)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        targets = {f"{ROUTE_PREFIX}{n}": url for n, url in stack.servers.items()}
+        targets |= stack.gateways
         return await run_bench(replace(opts, targets={**targets, **opts.targets}))

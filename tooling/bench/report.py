@@ -58,6 +58,8 @@ from __future__ import annotations
 from typing import Any
 
 from tooling.bench.intervals import Interval, conclusion
+from tooling.bench.routes import is_n_route
+from tooling.bench.routes import table as routes_table
 from tooling.bench.stats import BASE, DYNAMIC, GATEWAY, SPEC, speedup_interval
 
 SCHEMA = "specroute-bench/1"
@@ -136,6 +138,8 @@ def table(doc: dict[str, Any]) -> str:
     second table sets mean e2e of every target beside the oracle's.
     """
     names = list(doc["targets"])
+    if is_n_route(names):  # route:NAME targets: every route, the gateways, the oracles
+        return routes_table(doc) + _whole_n_route(doc)
     dynamic = DYNAMIC in names
     others = [n for n in names if n != BASE]
     cols = "".join(f"{_short(n):>{W}}" for n in names)
@@ -193,6 +197,25 @@ def table(doc: dict[str, Any]) -> str:
     if dynamic:
         out += ["", *versus_dynamic(doc)]
     return "\n".join(out)
+
+
+def _whole_n_route(doc: dict[str, Any]) -> str:
+    """The N-route figures over the whole run: each gateway's regret and capture."""
+    whole = doc.get("n_route") or {}
+    if "regret" not in whole:
+        return ""
+    lines = [""]
+    for g in whole["gateways"]:
+        regret = with_interval(
+            whole["regret"][g], Interval.of(whole["regret_ci"].get(g)), speedup=False
+        )
+        capture = whole["capture"].get(g)
+        lines.append(
+            f"{g}/oracle regret over the whole run: {regret}; capture "
+            f"{'-' if capture is None else f'{capture:.2f}'} (n = {whole['n']}, "
+            f"best static {whole['best_static']})"
+        )
+    return "\n".join(lines)
 
 
 def _short(name: str) -> str:

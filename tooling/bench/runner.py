@@ -7,7 +7,8 @@ each run the speculative backend's vllm:spec_decode_* counters are scraped
 speculative target runs, its KV-cache usage is sampled (its peak answers
 `advise`'s "spare memory?"). The "dynamic" target (one vLLM server with dynamic
 speculative decoding, not behind the gateway) drafts on its own, so around its
-run its own counters are read instead.
+run its own counters are read instead, and likewise around each `route:NAME`
+target's (N routes, every route benched alone: tooling/bench/routes.py).
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import aiohttp
 
 from tooling.bench.plan import Cell
 from tooling.bench.progress import Progress
+from tooling.bench.routes import ROUTE_PREFIX, is_gateway
 from tooling.bench.targets import acceptance_json, kv_usage, scrape
 from tooling.loadgen import Result, run_closed_loop, run_open_loop
 
 KV_SAMPLE_S = 0.5
 DYNAMIC = "dynamic"  # a single server with dynamic speculative decoding (stats.py)
-GATEWAY = "gateway"
 # How long a gateway target may take to see the servers idle before its run.
 _SETTLE_MAX_S = 5.0
 
@@ -63,10 +64,12 @@ async def run_cells(
         cell_run = CellRun(cell)
         for name, url in targets.items():
             label = f"{cell.load.label} {cell.group} -> {name}"
-            if name == GATEWAY:
+            if is_gateway(name):
                 await _gateway_settled(session, url)
             progress.start(label, 0 if duration_s is not None else len(cell.requests))
-            counters_url = url if name == DYNAMIC else spec_metrics_url
+            # A server benched alone drafts on its own: its own counters are its run's.
+            own = name == DYNAMIC or name.startswith(ROUTE_PREFIX)
+            counters_url = url if own else spec_metrics_url
             before = await scrape(session, counters_url) if counters_url else None
             sampler = None
             if spec_metrics_url and name == "speculative":

@@ -27,6 +27,10 @@ Definitions (vLLM's bench where it has one):
   (`speedup_ci`, `regret_ci`, ...; [lo, hi], or null under 5 paired requests),
   paired by request and seeded (tooling/bench/intervals.py). A speedup whose
   interval holds 1.0 is inconclusive.
+- N routes (targets route:NAME, each a route's servers alone, and gateways): every
+  static route, the gateways and the oracle over all routes, paired; speedups against
+  the best static route, regret against that oracle, acceptance per route from its own
+  counters: tooling/bench/routes.py (a row's "n_route").
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 
 from tooling.bench.intervals import Interval, ratio_of_sums
 from tooling.bench.plan import RECORDED, Load
+from tooling.bench.routes import is_n_route, n_route
 from tooling.bench.runner import DYNAMIC as DYNAMIC  # re-exported beside BASE, SPEC, GATEWAY
 from tooling.bench.runner import CellRun
 from tooling.loadgen import Result
@@ -137,6 +142,14 @@ def summarize(
         own = row["targets"][DYNAMIC]["acceptance_per_request"]
         row["acceptance"]["dynamic_counters"] = _combine_counters(dyn) if attributable else None
         row["acceptance"]["dynamic_per_request"] = own
+    if is_n_route(names):  # route:NAME targets: tooling/bench/routes.py
+        own = {
+            t: _combine_counters([c.runs[t].counter_acceptance for _, c in parts if t in c.runs])
+            if attributable
+            else None
+            for t in names
+        }
+        row["n_route"] = n_route(by_target, own)
     kv = [c.spec_kv_peak for _, c in parts if c.spec_kv_peak is not None]
     row["spec_kv_peak"] = max(kv) if kv else None
     row.update(_paired(by_target))
