@@ -245,7 +245,8 @@ class RoutesStack:
     """N emulated servers on one emulated GPU and the gateways over them."""
 
     servers: dict[str, str]  # route name -> its server's URL, in the routes' order
-    gateways: dict[str, str]  # "gateway" (all routes), "gateway-2:NAME" (plain + NAME)
+    gateways: dict[str, str]  # "gateway" (all routes), "gateway-2:NAME" (plain + NAME),
+    # "gateway-2:A+B" (routes A and B)
     emulators: dict[str, EmulatorConfig]  # route name -> its server's knobs
 
 
@@ -262,6 +263,12 @@ def routes_config(
     return parse_config(raw)
 
 
+def pair_members(pair: str, plain: str) -> tuple[str, str]:
+    """A two-route gateway's routes: "NAME" is the plain route and NAME, "A+B" A and B."""
+    first, sep, second = pair.partition("+")
+    return (first, second) if sep else (plain, pair)
+
+
 @contextlib.asynccontextmanager
 async def routes_stack(
     routes: Sequence[EmulatedRoute],
@@ -273,8 +280,9 @@ async def routes_stack(
     ready: Callable[[str], Awaitable[None]] | None = None,
 ) -> AsyncIterator[RoutesStack]:
     """A server per route, all on ONE emulated GPU (as deployed on one), a gateway over
-    all of them ("gateway") and a two-route gateway over the plain route and each route
-    of `pairs_with` ("gateway-2:NAME"; None: every speculative route). The gateways
+    all of them ("gateway") and a two-route gateway per item of `pairs_with`
+    ("gateway-2:NAME" over the plain route and NAME, "gateway-2:A+B" over A and B; None:
+    the plain route with each speculative one). The gateways
     start one after the other, each once `ready(url)` returns (the bench waits there for
     its start-up profile, so no two profiles' probes share the GPU)."""
     names = [r.name for r in routes]
@@ -284,9 +292,10 @@ async def routes_stack(
     if plain is None:
         raise ValueError("routes_stack: one route must be none (the plain server)")
     pairs_with = [r.name for r in routes if r.drafter] if pairs_with is None else pairs_with
-    unknown = [n for n in pairs_with if n not in names or n == plain.name]
+    pairs = {p: pair_members(p, plain.name) for p in pairs_with}
+    unknown = [p for p, (a, b) in pairs.items() if a == b or not {a, b} <= set(names)]
     if unknown:
-        raise ValueError(f"routes_stack: no speculative route {', '.join(unknown)} to pair")
+        raise ValueError(f"routes_stack: no two routes {', '.join(unknown)} to pair")
     base = EmulatorConfig(
         mode="baseline", model=MODEL, seed=seed, time_scale=time_scale, gpu_profile=gpu_profile
     )
@@ -300,7 +309,7 @@ async def routes_stack(
             runners.append(runner)
         by_name = {r.name: r for r in routes}
         gateways: dict[str, list[EmulatedRoute]] = {"gateway": list(routes)}
-        gateways |= {f"gateway-2:{n}": [plain, by_name[n]] for n in pairs_with}
+        gateways |= {f"gateway-2:{p}": [by_name[a], by_name[b]] for p, (a, b) in pairs.items()}
         urls: dict[str, str] = {}
         for label, members in gateways.items():
             config = routes_config(members, servers, emulators)

@@ -161,7 +161,11 @@ def test_bench_refuses_bad_route_flags() -> None:
         (["--emulate", "--routes", "eagle3:3,ngram:4"], "want none and one route or more"),
         (["--emulate", "--routes", "none,eagle3:3,eagle3:3"], "each once"),
         (["--emulate", "--pair-with", "eagle3-k3"], "needs --routes"),
-        (["--emulate", "--routes", "none,eagle3:3", "--pair-with", "eagle3-k4"], "not a spec"),
+        (
+            ["--emulate", "--routes", "none,eagle3:3", "--pair-with", "eagle3-k4"],
+            "want a speculative route",
+        ),
+        (["--emulate", "--routes", "none,eagle3:3", "--pair-with", "none+none"], "or A"),
         (["--emulate", "--routes", "none,eagle3:3", "--with-dynamic"], "give one of them"),
     ]:
         with pytest.raises(ConfigError, match=message):

@@ -11,6 +11,7 @@ from tooling.local_stack import (
     EmulatedRoute,
     gateway_config,
     local_stack,
+    pair_members,
     routes_config,
     routes_stack,
 )
@@ -53,3 +54,8 @@ async def test_routes_stack_wants_a_plain_route() -> None:
     with pytest.raises(ValueError, match="one route must be none"):
         async with routes_stack([EmulatedRoute("eagle3", 3), EmulatedRoute("ngram", 4)]):
             pass
+
+
+def test_a_two_route_gateway_is_the_plain_route_and_one_other_or_any_two() -> None:
+    assert pair_members("eagle3-k3", "none") == ("none", "eagle3-k3")
+    assert pair_members("eagle3-k3+eagle3-k7", "none") == ("eagle3-k3", "eagle3-k7")

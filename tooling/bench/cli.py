@@ -39,7 +39,7 @@ from tooling.bench.stats import DYNAMIC
 from tooling.datasets import require as require_dataset
 from tooling.emulator.config import DEFAULT_GPU_PROFILE, add_gpu_arguments
 from tooling.emulator.dynamic import Schedule, schedule_arg
-from tooling.local_stack import EmulatedRoute
+from tooling.local_stack import EmulatedRoute, pair_members
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,8 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pair-with",
         metavar="NAME,...",
-        help="with --routes: the two-route gateways to start, by the route they pair with "
-        "none (default: every speculative route, so the best pair is measured, not guessed)",
+        help="with --routes: the two-route gateways to start: NAME (none and route NAME) "
+        "or A+B (routes A and B), comma-separated (default: none with each speculative "
+        "route)",
     )
     p.add_argument(
         "--workload",
@@ -163,11 +164,12 @@ def options(args: argparse.Namespace, argv: list[str]) -> BenchOptions:
             names = [r.name for r in emulated_routes(args.routes)]
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        pair = [n.strip() for n in (args.pair_with or "").split(",") if n.strip()]
-        if bad := [n for n in pair if n not in names or n == "none"]:
+        pairs = [n.strip() for n in (args.pair_with or "").split(",") if n.strip()]
+        members = {p: pair_members(p, "none") for p in pairs}
+        if bad := [p for p, (a, b) in members.items() if a == b or not {a, b} <= set(names)]:
             raise ConfigError(
-                f"--pair-with {', '.join(bad)}: not a speculative route of --routes "
-                f"({', '.join(n for n in names if n != 'none')})"
+                f"--pair-with {', '.join(bad)}: want a speculative route of --routes (paired "
+                f"with none) or A+B, two of them ({', '.join(names)})"
             )
     if args.dynamic_schedule is not None and not args.with_dynamic:
         raise ConfigError("--dynamic-schedule needs --with-dynamic")

@@ -45,7 +45,18 @@ JSON schema ("schema": "specroute-bench/1"), everything a later `advise` needs:
             "oracle_agreement": share of gateway routes that were the faster one | null,
             "dynamic_regret"?: dynamic / oracle mean e2e | null, "dynamic_regret_ci"?: CI,
             "gateway_vs_dynamic"?: gateway / dynamic mean e2e | null,
-            "gateway_vs_dynamic_ci"?: CI}
+            "gateway_vs_dynamic_ci"?: CI,
+            "n_route"?: NROUTE | null}
+    NROUTE (only with route:NAME targets; definitions in tooling/bench/routes.py; also
+    the whole run's as the document's "n_route") =
+           {"routes": [target...], "gateways": [target...], "n": paired requests,
+            "acceptance": {route target: {"counters", "per_request"}},
+            "e2e_mean_s": {target: s}, "best_static": target, "oracle_e2e_mean_s",
+            "oracle_picks": {route target: requests it was the fastest on},
+            "best_pair": [target, target], "pair_oracle_e2e_mean_s", "oracle_gain_over_pair",
+            "speedup_vs_best": {target: x}, "speedup_vs_best_ci": {target: CI},
+            "regret": {gateway: x}, "regret_ci": {gateway: CI}, "capture": {gateway: x | null},
+            "oracle_agreement": {gateway: share | null}}
     ("?": only when a target is named "dynamic": one server with dynamic speculative
     decoding, benched beside the pair it would replace; the oracle stays the faster of
     baseline and speculative per request.)
