@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from classifier import Route, StaticPolicy  # noqa: E402
+from classifier import FinishedRequest, Route, StaticPolicy  # noqa: E402
 from classifier.router import RouterConfig  # noqa: E402
 from tooling.emulator.costs import describe_gpu  # noqa: E402
 from tooling.sim import shared_gpu as sim  # noqa: E402
@@ -69,6 +69,21 @@ class Seed:
     reasons: Counter[str] = field(default_factory=Counter)
     # route -> router workload -> (believed a, true a) after the fresh run.
     beliefs: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    # route -> router workload -> the measured rates of its static run's answers.
+    rates: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+class Recording(StaticPolicy):
+    """A static route that keeps each answer's measured acceptance rate (accepted drafts
+    per step / k, as the router learns it), per router workload."""
+
+    def __init__(self, route: Route) -> None:
+        super().__init__(route)
+        self.rates: defaultdict[str, list[float]] = defaultdict(list)
+
+    def learn(self, outcome: FinishedRequest) -> None:
+        if outcome.acceptance is not None:
+            self.rates[outcome.features.workload.value].append(outcome.acceptance)
 
 
 def measure(seed: int, per_workload: int, prior_sd: float | None) -> Seed:
@@ -86,7 +101,9 @@ def measure(seed: int, per_workload: int, prior_sd: float | None) -> Seed:
             sim.simulate(policy, warmup, c, routes=table, seed=seed + 1000)
         return sim.mean_latency(sim.simulate(policy, requests, c, routes=table, seed=seed))
 
-    runs = {r.name: static(r.name, 1) for r in ROUTES}
+    recorders = {r.name: Recording(r.name) for r in ROUTES}
+    runs = {r.name: sim.simulate(recorders[r.name], requests, 1, routes=ROUTES) for r in ROUTES}
+    out.rates = {r.value: dict(recorder.rates) for r, recorder in recorders.items()}
     for r in ROUTES:
         out.c1[f"static {r.name}"] = sim.mean_latency(runs[r.name])
         for workload in sim.MIXED:
@@ -95,6 +112,12 @@ def measure(seed: int, per_workload: int, prior_sd: float | None) -> Seed:
     for _, r in PAIRS:
         out.c1[f"oracle none+{r.name}"] = sim.oracle_latency(runs[NONE.name], runs[r.name])
     out.c1["oracle, all four"] = sim.oracle_latency(*runs.values())
+    # Each workload to its cheapest route, known in advance: what a router can reach that
+    # knows every workload's truth but not each request's luck.
+    cheapest = {w: min(ROUTES, key=lambda r: out.truth[(w, r.name)]).name for w in sim.MIXED}
+    out.c1["each workload's cheapest route, known"] = statistics.fmean(
+        runs[cheapest[job.workload]][i].duration_s for i, job in enumerate(requests)
+    )
     for job, route in zip(requests, sim.oracle_routes(runs), strict=True):
         out.oracle_routed[(job.workload, route.value)] += 1
     for pair in PAIRS:
@@ -242,6 +265,17 @@ def report(results: Sequence[Seed], args: argparse.Namespace) -> None:
     for name, beliefs in results[0].beliefs.items():
         cells = ", ".join(f"{w} {b:.2f}/{t:.2f}" for w, (b, t) in beliefs.items())
         print(f"{name:<12} {cells}")
+
+    sd = RouterConfig().prior_sd if args.prior_sd is None else args.prior_sd
+    print(f"\n## c=1: between-request sd of the measured rate, static runs (the prior's: {sd})")
+    for r in ROUTES:
+        if not r.speculative:
+            continue
+        spreads = {
+            w: statistics.stdev([v for x in results for v in x.rates[r.name].get(w, [])])
+            for w in results[0].rates[r.name]
+        }
+        print(f"{r.name:<12} " + ", ".join(f"{w} {v:.3f}" for w, v in spreads.items()))
 
     for c in LOADED:
         print(f"\n## one GPU, c={c}, fresh: mean e2e / the best static route")
