@@ -18,7 +18,9 @@ prints:
   again); which route each workload went to, what the routes' true costs were, the
   router's prediction error per route and its beliefs against the truth;
 - one GPU shared by the four servers (time-sliced), c=8 and c=32: every static route and
-  the routers, fresh, over the best static route.
+  the routers, fresh, over the best static route;
+- a GPU each (four GPUs), c=8 and c=32: the four-route gateway, fresh, over the best
+  static route (which uses one of them): no goal, how far spreading the load goes.
 
 Goals (issue 42), ratios within one run: c=1, the four-route gateway within 1.03x the
 four-route oracle and capturing >= 80% of what that oracle gains over the best two-route
@@ -63,6 +65,9 @@ class Seed:
     routed: Counter[tuple[str, str]] = field(default_factory=Counter)
     oracle_routed: Counter[tuple[str, str]] = field(default_factory=Counter)
     loaded_routed: dict[int, Counter[str]] = field(default_factory=dict)
+    # A GPU each: the four-route gateway's mean e2e (s) and its routes, per concurrency.
+    each: dict[int, float] = field(default_factory=dict)
+    each_routed: dict[int, Counter[str]] = field(default_factory=dict)
     # (workload, route) -> mean e2e (s) of that static route at c=1.
     truth: dict[tuple[str, str], float] = field(default_factory=dict)
     mape: dict[str, tuple[float, float, int]] = field(default_factory=dict)
@@ -156,6 +161,12 @@ def measure(seed: int, per_workload: int, prior_sd: float | None) -> Seed:
         figures["gateway, all four"] = sim.mean_latency(loaded)
         out.loaded[c] = figures
         out.loaded_routed[c] = Counter(s.route.value for s in loaded)
+        # A GPU each (a static route's run is the same: one server busy either way).
+        gpus = len(ROUTES)
+        alone = sim.profiled(routes=ROUTES, config=config, gpus=gpus)
+        spread = sim.simulate(alone, requests, c, routes=ROUTES, gpus=gpus)
+        out.each[c] = sim.mean_latency(spread)
+        out.each_routed[c] = Counter(s.route.value for s in spread)
     return out
 
 
@@ -287,6 +298,15 @@ def report(results: Sequence[Seed], args: argparse.Namespace) -> None:
         print(
             "four-route gateway's routes: " + ", ".join(f"{k} {v}" for k, v in routed.most_common())
         )
+
+    print("\n## a GPU each (four GPUs, a static route uses one), fresh: / the best static route")
+    print(heading)
+    for c in LOADED:
+        static = [min(v for k, v in x.loaded[c].items() if k.startswith("static")) for x in results]
+        spread = [x.each[c] / b for x, b in zip(results, static, strict=True)]
+        print(_row(f"c={c}: gateway, all four", spread))
+        routed = sum((x.each_routed[c] for x in results), Counter())
+        print("  its routes: " + ", ".join(f"{k} {v}" for k, v in routed.most_common()))
 
 
 if __name__ == "__main__":
