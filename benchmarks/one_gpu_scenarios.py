@@ -81,7 +81,10 @@ def scenarios(sim: Any, classifier: Any, names: Sequence[str]) -> list[tuple[str
             ours_s = best_s = 0.0
             for burst in _bursts(sim, names, 6, seed + 100):
                 ours_s += mean(sim.simulate(policy, burst, 2))
-                best_s += min(mean(sim.simulate(static(r), burst, 2)) for r in classifier.Route)
+                # The pair's routes: PAIR since routes have names (an older REPO's
+                # classifier iterates its Route enum instead).
+                pair = getattr(classifier, "PAIR", None) or tuple(classifier.Route)
+                best_s += min(mean(sim.simulate(static(r), burst, 2)) for r in pair)
             ratios.append(round(ours_s / best_s, 3))
         label = "warm" if warm else "cold"
         out.append((f"bursts of one kind, c=2, {label} / better static (3 seeds)", ratios))

@@ -73,8 +73,8 @@ def wrong_code_state(k: int) -> dict[str, Any]:
     belief = [0.5, 1.0, 0.2, n, n * rate, n * rate * rate]  # the prior is reset by the profile
     return {
         "format": STATE_FORMAT,
-        "k": k,
-        "acceptance": {f"{Workload.CODE.value}/-1": belief},
+        "routes": {Route.SPECULATIVE.value: k, Route.BASELINE.value: 0},
+        "acceptance": {f"{Route.SPECULATIVE.value}/{Workload.CODE.value}/-1": belief},
         "outputs": {},
         "failures": {},
     }
