@@ -67,7 +67,7 @@ ngram_k2=""
 ngram_k2_port=8104
 extra_args=()
 
-usage() { sed -n '2,47p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '2,46p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
 die() { printf '[up] ERROR: %s\n' "$*" >&2; exit 1; }
 log() { printf '[up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
