@@ -87,6 +87,7 @@ def routes_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, An
     args = ["bench", "--emulate", "--routes", "none,eagle3:3,ngram:4", "--pair-with", "eagle3-k3"]
     args += ["--emulator-time-scale", "0.1", "--workload", "structured,creative"]
     args += ["--concurrency", "1", "--requests", "5", "--json", str(out)]
+    args += ["--plot", str(out.with_suffix(".png"))]
     res = subprocess.run(
         [sys.executable, "-m", "gateway.cli", *args],
         cwd=ROOT,
@@ -96,6 +97,7 @@ def routes_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, An
         check=False,
     )
     assert res.returncode == 0, res.stderr[-3000:]
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")  # speedups vs best
     return json.loads(out.read_text()), res.stdout, res.stderr
 
 

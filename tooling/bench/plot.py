@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tooling.bench.intervals import Interval, conclusion
+from tooling.bench.routes import is_n_route, route_of
 from tooling.bench.stats import speedup_interval
 
 COLORS = {
@@ -27,7 +28,8 @@ COLORS = {
     "gateway": "#2a9d8f",
     "dynamic": "#1982c4",
 }
-_EXTRA = ("#6a4c93", "#8ac926", "#c0392b")
+# Other targets (N routes: route:NAME, gateway-2:...): distinct up to eight of them.
+_EXTRA = ("#6a4c93", "#8ac926", "#c0392b", "#ffca3a", "#1b4332", "#ff595e", "#4361ee", "#b5838d")
 _LOAD_ALPHA = (1.0, 0.55, 0.35, 0.22)
 
 
@@ -140,14 +142,21 @@ def _speedup(
 ) -> None:
     series = []
     intervals: list[list[Interval | None]] = []
-    for name in (n for n in names if n != "baseline"):
+    n_route = is_n_route(names)  # against each row's best static route (routes.py)
+    for name in (n for n in names if n != "baseline" or n_route):
         for j, load in enumerate(loads):
             rows = _rows(doc, load["label"])
-            values = [rows.get(w, {}).get("speedup", {}).get(name) for w in wl]
+            if n_route:
+                got = [rows.get(w, {}).get("n_route") or {} for w in wl]
+                values = [g.get("speedup_vs_best", {}).get(name) for g in got]
+                cis = [Interval.of(g.get("speedup_vs_best_ci", {}).get(name)) for g in got]
+            else:
+                values = [rows.get(w, {}).get("speedup", {}).get(name) for w in wl]
+                cis = [speedup_interval(rows.get(w, {}), name) for w in wl]
             series.append(
                 (f"{name} {load['label']}", _color(name, names), _LOAD_ALPHA[j % 4], values)
             )
-            intervals.append([speedup_interval(rows.get(w, {}), name) for w in wl])
+            intervals.append(cis)
     _bars(ax, wl, series, intervals)
     highs = [ci.hi for cis in intervals for ci in cis if ci is not None]
     top = max([v for *_, vs in series for v in vs if v is not None] + highs + [1.2]) * 1.35
@@ -155,10 +164,11 @@ def _speedup(
     ax.axhspan(0, 1.0, color="#c0392b", alpha=0.06, zorder=0)
     ax.axhspan(1.0, top, color="#2a9d8f", alpha=0.06, zorder=0)
     ax.axhline(1.0, color="#333", linestyle="--", linewidth=1)
-    ax.set_title(
-        "speedup over baseline (paired mean e2e, 95% interval; ? = inconclusive)", fontsize=11
-    )
-    ax.set_ylabel("x baseline")
+    title = "speedup over baseline (paired mean e2e, 95% interval; ? = inconclusive)"
+    if n_route:
+        title = "speedup over the best static route (paired, 95% interval; ? = inconclusive)"
+    ax.set_title(title, fontsize=11)
+    ax.set_ylabel("x best static route" if n_route else "x baseline")
     ax.legend(fontsize=8, ncol=2, loc="upper right")
 
 
@@ -166,6 +176,24 @@ def _acceptance(
     ax: Any, doc: dict[str, Any], names: list[str], loads: list[Any], wl: list[str]
 ) -> None:
     series = []
+    if is_n_route(names):  # each speculative route's own counters (routes.py)
+        for name in (n for n in names if route_of(n) is not None):
+            for j, load in enumerate(loads):
+                rows = _rows(doc, load["label"])
+                accs = [
+                    ((rows.get(w, {}).get("n_route") or {}).get("acceptance") or {}).get(name) or {}
+                    for w in wl
+                ]
+                values = [a.get("counters") or a.get("per_request") for a in accs]
+                if any(v is not None for v in values):
+                    color = _color(name, names)
+                    series.append((f"{name} {load['label']}", color, _LOAD_ALPHA[j % 4], values))
+        _bars(ax, wl, series)
+        ax.set_ylim(0, 1.05)
+        ax.set_title("draft acceptance per route (accepted / proposed tokens)", fontsize=11)
+        ax.set_ylabel("acceptance")
+        ax.legend(fontsize=8, loc="upper right")
+        return
     servers = [("speculative", "")] + ([("dynamic", "dynamic_")] if "dynamic" in names else [])
     for name, prefix in servers:
         for j, load in enumerate(loads):
