@@ -190,7 +190,7 @@ async def test_three_routes_send_each_workload_to_a_route_measured_fastest(
         fastest = min(trio.urls, key=lambda r: means[r])
         slower = {r for r in trio.urls if r != fastest and slower_outside_noise(pairs, fastest, r)}
         decided += len(slower)
-        print(f"  fastest {fastest}; slower outside the noise: {sorted(slower) or 'none'}")
+        print(f"  fastest {fastest}; slower outside the noise: {sorted(slower) or 'no route'}")
         bad = {r: c for r, c in chosen[workload].items() if r in slower}
         if sum(bad.values()) > MAX_WRONG * sum(chosen[workload].values()):
             wrong[workload] = bad
