@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from classifier.features import Endpoint, Workload, extract_features

@@ -13,6 +13,7 @@ import json
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -128,7 +129,7 @@ def test_placeholders_keep_token_counts_and_code_marks(tokens: TokenCounter) -> 
 
 def test_redaction_covers_completions_tools_and_parts(tokens: TokenCounter) -> None:
     p = Placeholders(tokens)
-    body = {
+    body: dict[str, Any] = {
         "prompt": ["secret one", [1, 2, 3]],
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "secret two"}]},
