@@ -17,7 +17,7 @@ from classifier.features import Workload
 from classifier.profile import EngineProfile
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
-from gateway.profiling.probes import ProfileTarget, measure_profile
+from gateway.profiling.probes import ProfileTarget, _window_step, measure_profile
 from tests.support import wait_until
 from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
 from tooling.local_stack import gateway_config, local_stack, serve_app
@@ -157,3 +157,14 @@ async def test_the_profilers_own_requests_are_no_other_client_once_it_is_in(
             decided = await resp.json()
     assert decided["reason"] != "consolidate", decided["why"]
     assert decided["route"] == "speculative"  # the structured answer's cheaper server
+
+
+def test_a_step_read_off_chunks_read_together_is_not_zero() -> None:
+    """A loaded client reads several chunks at once (equal times): the step is each
+    stream's span over its steps, not the median gap (0.0 ms when most gaps are 0, as
+    on the real CPU trio, 2026-12-05)."""
+    step = 0.040
+    steady = [i * step for i in range(12)]
+    bursts = [t for i in range(0, 12, 3) for t in [(i + 2) * step] * 3]  # 3 chunks a read
+    assert _window_step([steady]) == pytest.approx(step)
+    assert _window_step([steady, bursts, bursts]) == pytest.approx(step, rel=0.1)
