@@ -8,13 +8,15 @@ draft + verify step, and the probes' acceptance per workload kind gives the
 router its first belief about this drafter on this model. And per route, how much
 a busy neighbour slows its step, a ratio:
 
-    beside = its step while the other server runs a batch / its step alone
+    beside = its step while another server of its device runs a batch / its step alone
 
 about 1 with a GPU each, about 2 on one GPU: two vLLM processes on one GPU are
 time-sliced, each getting about half of it while both are busy, whatever the
 other's step (an H200 measured 1.86-2.17, tooling/emulator/gpu/measured). The
 neighbour's step is not added to one's own: a 5.7 ms baseline step beside a busy
-12.9 ms speculative one took 10.7 ms, not 18.6.
+12.9 ms speculative one took 10.7 ms, not 18.6. Which routes share a device is
+configuration ([routes.NAME] device; none said: all share one): a route's neighbours
+are the routes of its device, and a route alone on its device is slowed by no one.
 
 gateway/profiling/probes.py measures it (I/O); this module only holds, reads and
 writes it, so the decision core can use it without any socket. The JSON file
@@ -141,9 +143,12 @@ class ServerIdentity:
     speculative: str  # "none", or the method as configured/served (e.g. "ngram")
     num_speculative_tokens: int  # k (0: no speculation)
     max_model_len: int | None = None
+    # The device it runs on as configured ([routes.NAME] device; "": not said, every
+    # route shares one): its `beside` was measured against a neighbour on this device.
+    device: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "url": self.url,
             "model": self.model,
             "version": self.version,
@@ -151,6 +156,9 @@ class ServerIdentity:
             "num_speculative_tokens": self.num_speculative_tokens,
             "max_model_len": self.max_model_len,
         }
+        if self.device:
+            out["device"] = self.device
+        return out
 
     @staticmethod
     def from_json(raw: object, what: str) -> ServerIdentity:
@@ -161,6 +169,9 @@ class ServerIdentity:
             raise ProfileError(f"{what}.num_speculative_tokens: want an int >= 0")
         if mml is not None and not isinstance(mml, int):
             raise ProfileError(f"{what}.max_model_len: want an int or null")
+        device = d.get("device", "")
+        if not isinstance(device, str):
+            raise ProfileError(f"{what}.device: want a string")
         return ServerIdentity(
             url=_str(d, "url", what),
             model=_str(d, "model", what),
@@ -168,6 +179,7 @@ class ServerIdentity:
             speculative=_str(d, "speculative", what),
             num_speculative_tokens=k,
             max_model_len=mml,
+            device=device,
         )
 
 
@@ -180,8 +192,8 @@ class RouteProfile:
     tokens_per_step: per workload kind, tokens one step yielded on the probes
     (1 + accepted drafts per step; 1 on a route without speculation) and how
     many steps that was measured over: the acceptance posterior's prior.
-    beside: its step while the other server is busy over its step alone (1: a GPU
-    each; about 2: one time-sliced GPU).
+    beside: its step while another server of its device is busy over its step alone
+    (1: a GPU each, or no other route on its device; about 2: one time-sliced GPU).
     """
 
     name: str
@@ -283,15 +295,35 @@ class EngineProfile:
         """Whether this profile was measured on exactly these servers."""
         return self.identities() == dict(identities)
 
-    @property
-    def shared_gpu(self) -> bool:
-        """One GPU for the routes: a busy neighbour slows a route's step past 1.5x.
+    def neighbours(self, name: str) -> tuple[str, ...]:
+        """The other routes on `name`'s device: those whose busy steps slow its own.
+        With no device said (every route's ""), all of them."""
+        me = self.route(name)
+        device = me.identity.device if me is not None else ""
+        return tuple(r.name for r in self.routes if r.name != name and r.identity.device == device)
+
+    def devices(self) -> tuple[tuple[str, ...], ...]:
+        """The routes grouped by device, in route order (one group with no device said)."""
+        groups: dict[str, list[str]] = {}
+        for r in self.routes:
+            groups.setdefault(r.identity.device, []).append(r.name)
+        return tuple(tuple(g) for g in groups.values())
+
+    def shared(self, group: Sequence[str]) -> bool:
+        """Whether these routes' device is time-sliced: two routes or more on it, and a
+        busy neighbour slows one's step past 1.5x.
 
         Then two servers side by side get less done than one server with the whole
         batch (a bigger batch costs little more per step), so the batch belongs on
         one of them. One emulated GPU measures about 2, two emulated GPUs 1
         (tests/gateway/test_profiler.py)."""
-        return max(r.beside for r in self.routes) > SHARED_GPU_BESIDE
+        found = [r for r in self.routes if r.name in group]
+        return len(found) > 1 and max(r.beside for r in found) > SHARED_GPU_BESIDE
+
+    @property
+    def shared_gpu(self) -> bool:
+        """Whether any device of the routes is a time-sliced one (see `shared`)."""
+        return any(self.shared(g) for g in self.devices())
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -10,7 +10,7 @@ against its profile. One route's costs are never guessed from another's.
     e2e_r = queue_r + ttft_r(prompt + prefill ahead)
           + (n_out - 1) / tau_r * step_r(b_r + n) * drift_r * slowdown_r
     tau   = 1 + k * rho       (1 without speculation)
-    slowdown_r = 1 + (busy neighbours) * (beside_r - 1)
+    slowdown_r = 1 + (busy neighbours on r's device) * (beside_r - 1)
 
 beside_r is the profile's measured ratio of r's step beside a busy neighbour to its
 step alone: about 2 on one GPU, whose two vLLM processes are time-sliced (an H200:
@@ -33,6 +33,8 @@ The rule, after the guards (kv-pressure, spec-busy: explicit and first):
   draw changed the route), never onto a route whose mean cost is more than
   explore_max_regret above the best;
 - one busy shared GPU: its whole batch belongs on one server ("consolidate").
+  With several devices ([routes.NAME] device), each busy time-sliced device
+  offers its carrier and every other route offers itself; the cheapest is sent.
   The carrier is the server holding the batch, unless the other carries the
   mix in flight (every request's workload, this one's included) cheaper per
   token by enough to pay for the drain a move causes (both servers at their
@@ -436,21 +438,41 @@ class ProfiledPolicy:
             if (reason := self._guards.reason(state.of(r), batch_priced=priced)) is not None
         }
         allowed = [r for r in routes if r not in guards]
-        shared = profile.shared_gpu
-        # Busy: a request in flight, or traffic that shares a request's life more often
-        # than not (1.5 or more in flight at its decisions, on average, itself included):
-        # the batch about to form belongs on one server too.
-        busy = any(state.of(r).inflight > 0 for r in routes) or (
-            self._traffic.expected_load() >= _BUSY_LOAD
-        )
+        # Per device (one with none said): a busy time-sliced one's batch belongs on one
+        # of its servers, its carrier; the cheapest of the devices' candidates is sent.
+        # Busy: a request in flight there, or traffic that shares a request's life more
+        # often than not (1.5 or more in flight at its decisions, on average, itself
+        # included): the batch about to form belongs on one server too.
+        loaded = self._traffic.expected_load() >= _BUSY_LOAD
+        candidates: list[Route] = []
+        carriers: dict[Route, str] = {}
+        for group in profile.devices():
+            members = tuple(r for r in routes if r.value in group)
+            mine = [r for r in allowed if r in members]
+            busy = loaded or any(state.of(r).inflight > 0 for r in members)
+            if mine and busy and profile.shared(group):
+                carrier, how, carry = self._carrier(profile, members, features, state, mine)
+                candidates.append(carrier)
+                carriers[carrier] = how
+                why.setdefault("carry_s_per_token", {}).update(
+                    {r.value: round(v, 6) for r, v in carry.items()}
+                )
+            else:
+                candidates.extend(mine)
         if guards and not any(r in allowed for r in speculating):
             # Every speculative server spared: the cheapest server without speculation.
             route = min(allowed, key=lambda r: predicted[r].cost_s)
             reason, rule = next(iter(guards.values())), "guard"
-        elif shared and busy:
-            route, rule, carry = self._carrier(profile, routes, features, state, allowed)
-            reason = "consolidate"
-            why["carry_s_per_token"] = {r.value: round(v, 6) for r, v in carry.items()}
+        elif carriers:
+            route = min(candidates, key=lambda r: predicted[r].cost_s)
+            reason, rule = (
+                ("consolidate", carriers[route])
+                if route in carriers
+                else (
+                    _FASTER[route in speculating],
+                    "smaller-cost",
+                )
+            )
         else:
             route = min(allowed, key=lambda r: predicted[r].cost_s)
             reason, rule = _FASTER[route in speculating], "smaller-cost"
@@ -506,8 +528,9 @@ class ProfiledPolicy:
         steps = max(out - 1.0, 0.0) / tau
         batch = here.load
         drift = math.exp(self._drift[route].log_ratio)
-        # Time-sliced: while a neighbour on the GPU is busy, each step takes its share.
-        busy = [(s, o) for _, s, o in others if s.load > 0]
+        # Time-sliced: while a neighbour on its device is busy, each step takes its share.
+        near = profile.neighbours(route.value)
+        busy = [(s, o) for r, s, o in others if s.load > 0 and r.value in near]
         slowdown = me.slowdown(len(busy))
         step = me.step.at(batch + n) * drift * slowdown
         ttft = me.ttft.at(f.prompt_tokens + here.prefill_tokens)

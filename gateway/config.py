@@ -119,6 +119,11 @@ class RouteConfig(BackendConfig):
     # One draft token's cost / one target step; only the unprofiled prior uses it
     # (the profile measures each route's step itself). n-gram: about 0.
     draft_cost_ratio: float = 0.0
+    # The device its server runs on (a GPU, a CPU core set: any name). Routes that name
+    # the same device are time-sliced on it, and a busy one slows its neighbours' steps
+    # (the profile measures by how much); routes on different devices do not. Unset on
+    # every route: they all share one device. Set on one, set on all.
+    device: str = ""
 
     @property
     def speculative(self) -> bool:
@@ -422,6 +427,13 @@ def _routes_problems(cfg: Config) -> Iterator[str]:
         and any(not c.speculative for c in routes.values())
     ):
         yield 'routing.policy = "rules" wants a route with speculation and one without'
+    devices = {name: c.device for name, c in routes.items()}
+    if any(devices.values()) and not all(devices.values()):
+        unset = ", ".join(n for n, d in devices.items() if not d)
+        yield (
+            "[routes.NAME] device: set on every route or on none (the routes without one"
+            f" would share which device?): unset on {unset}"
+        )
     if cfg.backends.pairs is Pairing.BY_INDEX:
         counts = {name: len(c.urls) for name, c in routes.items()}
         if len(set(counts.values())) > 1:

@@ -200,7 +200,9 @@ def place(
 
 
 def gateway_toml(placed: Sequence[Placed], host: str) -> str:
-    """The gateway's config for these servers: one [routes.NAME] table each, in order."""
+    """The gateway's config for these servers: one [routes.NAME] table each, in order;
+    on several GPUs each names its device (routes of one GPU are time-sliced)."""
+    several = len({p.gpu for p in placed}) > 1
     lines = [
         "# The gateway's routes: one vLLM server each, the same model, started by",
         "# deploy/gpu/launch.sh (table order = route order). Serve it with",
@@ -211,6 +213,8 @@ def gateway_toml(placed: Sequence[Placed], host: str) -> str:
         lines.append(f'method = "{p.route.method}"')
         if p.route.speculative:
             lines.append(f"num_speculative_tokens = {p.route.k}")
+        if several:
+            lines.append(f'device = "gpu{p.gpu}"')
     return "\n".join(lines) + "\n"
 
 

@@ -65,7 +65,7 @@ def describe(p: EngineProfile) -> str:
     lines = [
         f"engine profile ({p.source}), {p.created}, took {p.took_s:.1f} s, a busy neighbour "
         f"slows a step x{max(r.beside for r in p.routes):.2f} "
-        f"({'one GPU' if p.shared_gpu else 'a GPU each'})"
+        f"({_sharing(p)})"
     ]
     for r in p.routes:
         i = r.identity
@@ -78,12 +78,26 @@ def describe(p: EngineProfile) -> str:
         lines.append(f"  {r.name}: {i.model} vLLM {i.version} at {i.url} ({i.speculative})")
         lines.append(f"    step: {steps}")
         lines.append(f"    first token: {ttft}")
-        lines.append(f"    beside a busy neighbour: x{r.beside:.2f} its step alone")
+        if p.neighbours(r.name):
+            lines.append(f"    beside a busy neighbour: x{r.beside:.2f} its step alone")
+        else:
+            lines.append(f"    alone on its device ({i.device}): no neighbour slows it")
         if r.tokens_per_step:
             tps = ", ".join(f"{w.value} {v[0]:.2f}" for w, v in sorted(r.tokens_per_step.items()))
             lines.append(f"    tokens per step: {tps}")
     lines.extend(f"  missing: {m}" for m in p.missing)
     return "\n".join(lines)
+
+
+def _sharing(p: EngineProfile) -> str:
+    """How the routes share devices: one GPU, a GPU each, or by the configured devices."""
+    groups = p.devices()
+    if len(groups) == 1:
+        return "one GPU" if p.shared_gpu else "a GPU each"
+    device = {r.name: r.identity.device for r in p.routes}
+    return "; ".join(
+        f"{device[g[0]]}: {', '.join(g)}" + (" time-sliced" if p.shared(g) else "") for g in groups
+    )
 
 
 def _points(curve: Curve) -> list[tuple[float, float]]:

@@ -53,7 +53,12 @@ def targets(config: Config) -> list[ProfileTarget]:
 
     return [
         ProfileTarget(
-            route.value, c.urls[0], c.num_speculative_tokens, described(c), headers(c.api_key_env)
+            route.value,
+            c.urls[0],
+            c.num_speculative_tokens,
+            described(c),
+            headers(c.api_key_env),
+            c.device,
         )
         for route, c in config.routes.items()
     ]

@@ -14,10 +14,11 @@ Per route:
 - acceptance: the built-in probe prompts of every workload kind, on each
   speculative route alone, 1 + accepted / steps per kind, every decode step
   counted (those an n-gram drafter proposed nothing on too);
-- beside: per route, its step while the other server runs a batch with prompts
-  arriving (decode and prefill, as production has it) over its step alone, in
-  paired rounds until their spread is small; about 1 with a GPU each, about 2 on
-  one time-sliced GPU.
+- beside: per route, its step while another server of its device (the first
+  route with the same `device`; any other with none said) runs a batch with
+  prompts arriving (decode and prefill, as production has it) over its step alone,
+  in paired rounds until their spread is small; about 1 with a GPU each, about 2
+  on one time-sliced GPU, 1 unmeasured for a route alone on its device.
 
 Progress goes to a callable, one line per measurement.
 """
@@ -68,6 +69,7 @@ class ProfileTarget:
     num_speculative_tokens: int  # 0: no speculation
     speculative: str  # what the config says it runs ("none" without speculation)
     headers: Mapping[str, str] = field(default_factory=dict)
+    device: str = ""  # [routes.NAME] device: its neighbours are the targets of the same
 
 
 def _chat(content: str, **extra: Any) -> dict[str, Any]:
@@ -139,6 +141,7 @@ async def identify(
         speculative=target.speculative,
         num_speculative_tokens=target.num_speculative_tokens,
         max_model_len=mml if isinstance(mml, int) else None,
+        device=target.device,
     )
 
 
@@ -290,7 +293,13 @@ async def measure_profile(
     # The stages, for "step i of N": each route's first token, its step curve, its
     # drafts' acceptance (speculative routes), its step beside the other's batch.
     speculative = [t for t in targets if t.num_speculative_tokens > 0]
-    total, done = 3 * len(targets) + len(speculative), 0
+    # Each route's step beside a neighbour of its device; a route alone there has none.
+    neighbour = {
+        t.name: next((o for o in targets if o.name != t.name and o.device == t.device), None)
+        for t in targets
+    }
+    sliced = [t for t in targets if neighbour[t.name] is not None]
+    total, done = 2 * len(targets) + len(speculative) + len(sliced), 0
 
     def stage(what: str) -> None:
         nonlocal done
@@ -308,11 +317,12 @@ async def measure_profile(
     for t in speculative:
         stage(f"{t.name}: draft acceptance per workload")
         accept[t.name] = await _acceptance(probe, t, tokens, missing, limit)
-    beside: dict[str, float] = {}
-    for t in targets:
+    beside = {t.name: 1.0 for t in targets}
+    for t in sliced:
         stage(f"{t.name}: step beside a busy neighbour")
-        other = next((o for o in targets if o.name != t.name), None)
-        beside[t.name] = 1.0 if other is None else await _beside(probe, t, other, step, missing)
+        other = neighbour[t.name]
+        assert other is not None
+        beside[t.name] = await _beside(probe, t, other, step, missing)
     profile = EngineProfile(
         routes=tuple(
             RouteProfile(
@@ -330,7 +340,11 @@ async def measure_profile(
         source=source,
         missing=tuple(missing),
     )
-    ratios = ", ".join(f"{name} {ratio:.2f}" for name, ratio in beside.items())
+    alone = {t.name for t in targets if neighbour[t.name] is None}
+    ratios = ", ".join(
+        f"{name} alone on its device" if name in alone else f"{name} {ratio:.2f}"
+        for name, ratio in beside.items()
+    )
     progress(f"profile done in {profile.took_s:.1f} s (beside a busy neighbour: {ratios})")
     return profile
 

@@ -82,3 +82,12 @@ def test_the_gateway_config_loads_with_its_routes_in_order() -> None:
     assert (eagle.method, eagle.num_speculative_tokens) == ("eagle3", 3)
     assert tuple(eagle.urls) == ("http://127.0.0.1:8002",)
     assert [spec.k for spec in config.route_specs] == [0, 3, 8]
+    assert {c.device for c in config.routes.values()} == {""}  # one GPU: nothing to say
+
+
+def test_on_several_gpus_the_gateway_config_names_each_routes_device() -> None:
+    routes = [parse_route(t) for t in ("none", "ngram:2", "ngram:4")]
+    placed, _ = place(routes, target_gib=15, gpu_gib=140.0, ports=[1, 2, 3], gpus=["0", "1"])
+    config = parse_config(tomllib.loads(gateway_toml(placed, "127.0.0.1")))
+    devices = {name: c.device for name, c in config.routes.items()}
+    assert devices == {"none": "gpu0", "ngram-k2": "gpu1", "ngram-k4": "gpu0"}

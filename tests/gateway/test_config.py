@@ -25,6 +25,7 @@ from classifier.router import RouterConfig
 from classifier.types import Route
 from gateway.cli import resolve_config
 from gateway.config import Config, ConfigError, Pairing, json_schema, load_config, parse_config
+from gateway.profiling.lifecycle import targets as profile_targets
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2/v1/"]}}
@@ -681,12 +682,27 @@ THREE = {
             "got none 2, ngram-k2 1, ngram-k4 1",
         ),
         ({"routes": {**THREE, "a": {"url": "http://a"}}}, "unknown key 'routes.a.url'"),
+        (
+            {"routes": {**THREE, "none": {**THREE["none"], "device": "gpu0"}}},
+            "device: set on every route or on none (the routes without one would share"
+            " which device?): unset on ngram-k2, ngram-k4",
+        ),
     ],
 )
 def test_bad_routes_fail_with_the_route_named(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as exc:
         parse_config(raw)
     assert message in str(exc.value)
+
+
+def test_routes_say_which_share_a_device_and_the_profile_is_told() -> None:
+    devices = {"none": "core1", "ngram-k2": "core1", "ngram-k4": "core0"}
+    config = parse_config(
+        {"routes": {name: {**table, "device": devices[name]} for name, table in THREE.items()}}
+    )
+    assert {r: c.device for r, c in config.routes.items()} == devices
+    assert {t.name: t.device for t in profile_targets(config)} == devices
+    assert {c.device for c in parse_config({"routes": THREE}).routes.values()} == {""}
 
 
 def test_the_command_line_replaces_a_named_routes_url(tmp_path: Path) -> None:

@@ -17,7 +17,11 @@ from classifier.features import Workload
 from classifier.profile import EngineProfile
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
+from gateway.profiling.cli import describe
+from gateway.profiling.lifecycle import targets as profile_targets
 from gateway.profiling.probes import ProfileTarget, _window_step, measure_profile
+from gateway.state import CONFIG
+from tests.gateway.three_routes import three_route_stack
 from tests.support import wait_until
 from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
 from tooling.local_stack import gateway_config, local_stack, serve_app
@@ -65,6 +69,41 @@ async def test_the_profile_measures_the_emulators_truth(
     for route in (spec, base):
         assert route.beside == pytest.approx(2.0 if shared else 1.0, rel=0.10), route.beside
     assert EngineProfile.loads(p.dumps()).to_json() == p.to_json()
+
+
+async def test_a_route_alone_on_its_device_is_slowed_by_no_one(tokens: TokenCounter) -> None:
+    """none and ngram-k2 time-sliced on one emulated GPU, ngram-k4 alone on another: the
+    profile measures the first two beside each other (about 2) and ngram-k4 beside no
+    one (1, no rounds spent on it), and the routes keep their devices."""
+    devices = {"none": "gpu0", "ngram-k2": "gpu0", "ngram-k4": "gpu1"}
+    lines: list[str] = []
+    off = {"profile": "off"}
+    async with (
+        three_route_stack(time_scale=SCALE, tokens=tokens, devices=devices, routing=off) as s,
+        aiohttp.ClientSession() as session,
+    ):
+        config = s.app[CONFIG]
+        p = await measure_profile(
+            session,
+            profile_targets(config),
+            model="emulated-model",
+            tokens=tokens,
+            max_batch=4,
+            progress=lines.append,
+        )
+    assert {r.name: r.identity.device for r in p.routes} == devices
+    beside = {r.name: r.beside for r in p.routes}
+    assert beside["ngram-k4"] == 1.0
+    for name in ("none", "ngram-k2"):
+        assert beside[name] == pytest.approx(2.0, rel=0.15), beside
+    measured = [line for line in lines if "beside" in line and "ngram-k4" in line]
+    assert measured == [lines[-1]] and "ngram-k4 alone on its device" in lines[-1]
+    assert [line for line in lines if "beside" in line and "ngram-k2" in line]
+    assert p.devices() == (("none", "ngram-k2"), ("ngram-k4",))
+    assert p.shared(("none", "ngram-k2")) and p.shared_gpu
+    told = describe(p)  # `specroute profile`'s summary
+    assert "(gpu0: none, ngram-k2 time-sliced; gpu1: ngram-k4)" in told
+    assert "alone on its device (gpu1): no neighbour slows it" in told
 
 
 async def _stats(url: str) -> dict[str, Any]:

@@ -37,17 +37,19 @@ def three_routes_config(
     costs: dict[str, float] | None = None,
     ks: Sequence[int] = (0, 2, 4),
     sections: Mapping[str, dict[str, Any]] | None = None,
+    devices: Mapping[str, str] | None = None,
 ) -> Config:
     """A route per k of `ks` (by default [routes.none], [routes.ngram-k2],
     [routes.ngram-k4]) on `urls` in that order, each speculative route's
-    draft_cost_ratio from `costs` (absent: the default), other sections as given
-    (merged over short upstream timeouts)."""
+    draft_cost_ratio from `costs` (absent: the default), its `device` from `devices`
+    (absent: none said), other sections as given (merged over short upstream timeouts)."""
 
     def route(k: int, url: str) -> dict[str, Any]:
+        device = {"device": devices[name_of(k)]} if devices else {}
         if not k:
-            return {"urls": [url], "method": "none"}
+            return {"urls": [url], "method": "none", **device}
         cost = {"draft_cost_ratio": costs[name_of(k)]} if costs and name_of(k) in costs else {}
-        return {"urls": [url], "method": "ngram", "num_speculative_tokens": k, **cost}
+        return {"urls": [url], "method": "ngram", "num_speculative_tokens": k, **cost, **device}
 
     raw: dict[str, Any] = {
         "routes": {name_of(k): route(k, url) for k, url in zip(ks, urls, strict=True)},
@@ -71,12 +73,14 @@ async def three_route_stack(
     time_scale: float,
     tokens: TokenCounter,
     ks: Sequence[int] = (0, 2, 4),
+    devices: Mapping[str, str] | None = None,
     **sections: dict[str, Any],
 ) -> AsyncIterator[ThreeRouteStack]:
     """Emulated servers of one model on one emulated GPU (as deployed on one), a route
     each: by default no speculation, an n-gram drafter with k=2 and with k=4, each
     drafter reporting vLLM's per-request speculative metrics; the gateway told each
-    route's k and c."""
+    route's k and c. With `devices` (route name -> device), an emulated GPU per device,
+    the routes of one device time-sliced on it, and the gateway told so."""
     plain = EmulatorConfig(mode="baseline", model=MODEL, time_scale=time_scale)
     emulators = {
         name_of(k): replace(
@@ -90,11 +94,12 @@ async def three_route_stack(
         else plain
         for k in ks
     }
-    gpu = SharedGpu()
+    gpus = {device: SharedGpu() for device in sorted(set((devices or {"": ""}).values()))}
     runners: list[web.AppRunner] = []
     try:
         servers: dict[str, str] = {}
         for name, emulator in emulators.items():
+            gpu = gpus[devices[name] if devices else ""]
             runner, servers[name] = await serve_app(create_emulator_app(emulator, gpu))
             runners.append(runner)
         config = three_routes_config(
@@ -102,6 +107,7 @@ async def three_route_stack(
             {name: draft_cost_ratio(e) for name, e in emulators.items() if e.speculative},
             ks,
             {"upstream": {"scrape_interval_s": 0.5, "health_interval_s": 1.0}, **sections},
+            devices,
         )
         app = create_app(config, tokens=tokens)
         runner, gateway = await serve_app(app)

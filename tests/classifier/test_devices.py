@@ -1,0 +1,127 @@
+"""Which routes share a device ([routes.NAME] device): a busy route slows only its own
+device's neighbours, and a busy time-sliced device's batch stays on its carrier while a
+route on another device is free capacity (classifier/router.py, classifier/profile.py).
+
+The trio is the real CPU tier's placement (deploy/cpu/up.sh --ngram-k2): ngram-k4 alone
+on core 0; none and ngram-k2 time-sliced on core 1. Its costs are CPU-like: a step of two
+sequences 1.5x a step of one, ngram-k2 a little cheaper per token than ngram-k4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from classifier.features import Endpoint, RequestFeatures, Workload
+from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
+from classifier.router import ProfiledPolicy, RouterConfig
+from classifier.types import BackendState, LiveState, Route, RouteSpec
+
+NONE, K4, K2 = Route("none"), Route("ngram-k4"), Route("ngram-k2")
+DEVICES = {NONE: "core1", K4: "core0", K2: "core1"}
+BESIDE = {NONE: 2.0, K4: 1.0, K2: 2.0}  # as measured against a neighbour of its device
+BATCHES = (1.0, 2.0, 4.0)
+STEPS = {NONE: (0.050, 0.075, 0.125), K4: (0.065, 0.100, 0.160), K2: (0.060, 0.090, 0.150)}
+K = {NONE: 0, K4: 4, K2: 2}
+TOKENS_PER_STEP = {K4: 1.6, K2: 1.5}  # chat: 0.0406 and 0.0400 s a token, none 0.050
+
+
+def trio(devices: dict[Route, str]) -> EngineProfile:
+    def route(r: Route) -> RouteProfile:
+        identity = ServerIdentity(
+            f"http://{r}", "m", "0.32.0", "ngram" if K[r] else "none", K[r], device=devices[r]
+        )
+        tps = {Workload.CHAT: (TOKENS_PER_STEP[r], 40)} if r in TOKENS_PER_STEP else {}
+        ttft = Curve((10.0, 1000.0), (0.05, 0.5))
+        return RouteProfile(r.value, identity, ttft, Curve(BATCHES, STEPS[r]), tps, BESIDE[r])
+
+    return EngineProfile(
+        tuple(route(r) for r in (NONE, K4, K2)), "2026-12-05T00:00:00+00:00", 9.0, "measured"
+    )
+
+
+def policy(p: EngineProfile) -> ProfiledPolicy:
+    routes = [RouteSpec(NONE), RouteSpec(K4, 4, "ngram"), RouteSpec(K2, 2, "ngram")]
+    return ProfiledPolicy(RouterConfig(), routes=routes, profile=p)
+
+
+CHAT = RequestFeatures(
+    endpoint=Endpoint.CHAT,
+    structured=False,
+    temperature=0.0,
+    top_p=None,
+    prompt_tokens=100,
+    max_tokens=64,
+    expected_output_tokens=64,
+    stream=True,
+    n=1,
+    code_like=False,
+    workload=Workload.CHAT,
+)
+
+
+def state(busy: Route | None) -> LiveState:
+    return LiveState(
+        {
+            r: BackendState(inflight=1, mix=((Workload.CHAT, 1),), last_start=1)
+            if r == busy
+            else BackendState()
+            for r in (NONE, K4, K2)
+        }
+    )
+
+
+def test_the_profile_groups_routes_by_device_and_none_said_is_one() -> None:
+    split = trio(DEVICES)
+    assert split.devices() == (("none", "ngram-k2"), ("ngram-k4",))
+    assert split.neighbours("none") == ("ngram-k2",)
+    assert split.neighbours("ngram-k4") == ()
+    assert split.shared(("none", "ngram-k2")) and not split.shared(("ngram-k4",))
+    assert EngineProfile.loads(split.dumps()).to_json() == split.to_json()
+    one = trio(dict.fromkeys(DEVICES, ""))
+    assert one.devices() == (("none", "ngram-k4", "ngram-k2"),)
+    assert one.neighbours("ngram-k4") == ("none", "ngram-k2")
+    assert "device" not in one.to_json()["routes"][0]["identity"]  # /2 files as before
+
+
+def test_a_busy_neighbour_slows_only_the_routes_of_its_device() -> None:
+    split = policy(trio(DEVICES))
+    idle, busy = split.predict(CHAT, state(None)), split.predict(CHAT, state(K2))
+    assert busy[K4] == pytest.approx(idle[K4])  # core 0: nobody beside it
+    assert busy[NONE] > 1.8 * idle[NONE] - 0.06  # core 1: time-sliced with ngram-k2
+    assert split.predict(CHAT, state(K4))[NONE] == pytest.approx(idle[NONE])  # core 0 busy
+    one = policy(trio(dict.fromkeys(DEVICES, "")).with_beside(2.0))  # measured beside any
+    assert one.predict(CHAT, state(K2))[K4] > idle[K4]  # not told: one device for all
+
+
+def test_a_second_request_goes_to_the_free_device_not_beside_the_busy_one() -> None:
+    # Idle, the cheapest per token: ngram-k2. With it busy, on one device (nothing said)
+    # the batch stays on its carrier; told that ngram-k4 has a core of its own, the
+    # second request runs there, alone, instead of in ngram-k2's batch or beside it.
+    split = policy(trio(DEVICES))
+    one = policy(trio(dict.fromkeys(DEVICES, "")).with_beside(2.0))
+    assert split.decide(CHAT, state(None)).route == K2
+    held = one.decide(CHAT, state(K2))
+    assert (held.route, held.reason) == (K2, "consolidate")
+    spread = split.decide(CHAT, state(K2))
+    assert spread.route == K4 and spread.why is not None
+    assert spread.why["rule"] == "smaller-cost"
+    # ngram-k4 busy instead: core 1's carrier (ngram-k2, the cheaper) takes it.
+    assert split.decide(CHAT, state(K4)).route == K2
+
+
+def test_routes_on_one_device_still_consolidate_when_another_device_exists() -> None:
+    # Both core-1 routes idle but the traffic usually holds two requests: core 1 offers
+    # one carrier, core 0 itself; with ngram-k4 made dear, the carrier is sent.
+    dear = trio(DEVICES)
+    k4 = dear.route("ngram-k4")
+    assert k4 is not None
+    dear = replace(
+        dear,
+        routes=tuple(
+            replace(r, step=r.step.scaled(3.0)) if r.name == "ngram-k4" else r for r in dear.routes
+        ),
+    )
+    decision = policy(dear).decide(CHAT, state(NONE))
+    assert decision.route in (NONE, K2) and decision.reason == "consolidate"
