@@ -70,9 +70,6 @@ from tooling.local_stack import serve_app  # noqa: E402
 LABEL = "real vLLM on 2 CPU cores, three routes: functional truth, not GPU economics"
 # Route name -> num_speculative_tokens, as deploy/cpu/up.sh starts them.
 ROUTES = {"none": 0, "ngram-k4": 4, "ngram-k2": 2}
-# Route name -> the core up.sh pins it to ([routes.NAME] device): none and ngram-k2
-# time-sliced on core 1, ngram-k4 alone on core 0.
-DEVICES = {"none": "core1", "ngram-k4": "core0", "ngram-k2": "core1"}
 POEMS = (
     "a lighthouse that dreams",
     "a cat who owns a bakery",
@@ -124,11 +121,7 @@ def route_tables(urls: dict[str, str], names: tuple[str, ...]) -> dict[str, Any]
     for name in ROUTES:
         if name in names:
             k = ROUTES[name]
-            table: dict[str, Any] = {
-                "urls": [urls[name]],
-                "method": "ngram" if k else "none",
-                "device": DEVICES[name],
-            }
+            table: dict[str, Any] = {"urls": [urls[name]], "method": "ngram" if k else "none"}
             if k:
                 table["num_speculative_tokens"] = k
             tables[name] = table

@@ -107,9 +107,6 @@ class Trio:
     urls: Mapping[str, str]
     k: Mapping[str, int]
     model: str
-    # Where deploy/cpu/up.sh pins each: ngram-k4 alone on core 0, none and ngram-k2
-    # time-sliced on core 1 ([routes.NAME] device).
-    device: Mapping[str, str]
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +125,6 @@ def trio(backends: Backends) -> Trio:
         urls={"none": backends.baseline, "ngram-k4": backends.speculative, "ngram-k2": url},
         k={"none": 0, "ngram-k4": 4, "ngram-k2": 2},  # deploy/cpu/up.sh
         model=backends.model,
-        device={"none": "core1", "ngram-k4": "core0", "ngram-k2": "core1"},
     )
 
 

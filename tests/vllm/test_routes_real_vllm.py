@@ -91,7 +91,6 @@ def route_tables(trio: Trio) -> dict[str, Any]:
     for name, url in trio.urls.items():
         k = trio.k[name]
         tables[name] = {"urls": [url], "method": "ngram" if k else "none"}
-        tables[name]["device"] = trio.device[name]
         if k:
             tables[name]["num_speculative_tokens"] = k
     return tables
