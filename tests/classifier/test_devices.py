@@ -13,10 +13,11 @@ from dataclasses import replace
 
 import pytest
 
-from classifier.features import Endpoint, RequestFeatures, Workload
+from classifier.features import Workload
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
 from classifier.types import BackendState, LiveState, Route, RouteSpec
+from tests.classifier.test_router import feats
 
 NONE, K4, K2 = Route("none"), Route("ngram-k4"), Route("ngram-k2")
 DEVICES = {NONE: "core1", K4: "core0", K2: "core1"}
@@ -46,19 +47,7 @@ def policy(p: EngineProfile) -> ProfiledPolicy:
     return ProfiledPolicy(RouterConfig(), routes=routes, profile=p)
 
 
-CHAT = RequestFeatures(
-    endpoint=Endpoint.CHAT,
-    structured=False,
-    temperature=0.0,
-    top_p=None,
-    prompt_tokens=100,
-    max_tokens=64,
-    expected_output_tokens=64,
-    stream=True,
-    n=1,
-    code_like=False,
-    workload=Workload.CHAT,
-)
+CHAT = feats(Workload.CHAT, out=64)
 
 
 def state(busy: Route | None) -> LiveState:
