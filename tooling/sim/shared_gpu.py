@@ -34,6 +34,12 @@ route is what the profiler would measure of it (its step at its own k, its probe
 its own drafter; `probes_of=` sets one route's probes off its truth). On one GPU every
 busy server advances at 1/n of its speed, n the servers busy: the H200 measured two
 (1.86-2.17x each); three or four are that time-slicing extended, not measured.
+
+Several GPUs, several routes each ([routes.NAME] device): `devices=` (route -> device name)
+in `simulate` shares each device by itself (an engine advances at 1/n, n the busy engines
+of ITS device), and in `engine_profile`/`profiled` says each route's device in its identity
+with beside 2 for a route with a neighbour on its device and 1 for one alone there (what
+the profiler measures when told the devices). Without it, gpus= as before.
 """
 
 from __future__ import annotations
@@ -259,6 +265,7 @@ def engine_profile(
     counter: TokenCounter | None = None,
     routes: Sequence[SimRoute] | None = None,
     probes_of: Mapping[Route, Mapping[Workload, float]] | None = None,
+    devices: Mapping[Route, str] | None = None,
 ) -> EngineProfile:
     """What gateway/profiling/probes.py would measure of these engines, noise aside: the step
     per batch and first token per prompt from the emulator's costs, each route's step
@@ -267,9 +274,11 @@ def engine_profile(
     acceptance (the emulator's truth) where `probes_of` does not set that route's
     per-position a (`probes`: the pair's speculative route's).
 
-    routes: the servers (default: `emulator`'s speculative one and its baseline)."""
+    routes: the servers (default: `emulator`'s speculative one and its baseline).
+    devices: each route's device (every route's; then `gpus` is not used)."""
     c = emulator or MEASURED_SPEC
     table = tuple(routes or pair_routes(c))
+    _check_devices(devices, table, gpus)
     wrong: dict[Route, Mapping[Workload, float]] = dict(probes_of or {})
     if probes:
         wrong[SPEC] = {**wrong.get(SPEC, {}), **probes}
@@ -278,23 +287,47 @@ def engine_profile(
         raise ValueError(f"probes for route(s) {unknown} not among {[t.name for t in table]}")
     counter = counter or load_tiktoken_counter()
     return EngineProfile(
-        routes=tuple(_route_profile(r, gpus, wrong.get(r.name, {}), counter) for r in table),
+        routes=tuple(
+            _route_profile(r, gpus, wrong.get(r.name, {}), counter, devices) for r in table
+        ),
         created=datetime.now(UTC).isoformat(),
         took_s=0.0,
         source="emulated",
     )
 
 
+def _check_devices(
+    devices: Mapping[Route, str] | None, table: Sequence[SimRoute], gpus: int
+) -> None:
+    """devices, if given, names the device of exactly the routes of `table`, gpus left 1."""
+    if devices is None:
+        return
+    if set(devices) != {r.name for r in table}:
+        raise ValueError(f"devices {dict(devices)} not for routes {[r.name for r in table]}")
+    if gpus != 1:
+        raise ValueError("devices= or gpus=, not both")
+
+
 def _route_profile(
-    r: SimRoute, gpus: int, probes: Mapping[Workload, float], counter: TokenCounter
+    r: SimRoute,
+    gpus: int,
+    probes: Mapping[Workload, float],
+    counter: TokenCounter,
+    devices: Mapping[Route, str] | None = None,
 ) -> RouteProfile:
+    # processor sharing: two busy servers, half each (none on its device or GPU: 1)
+    if devices is None:
+        device, beside = "", 2.0 if gpus == 1 else 1.0
+    else:
+        device = devices[r.name]
+        beside = 2.0 if list(devices.values()).count(device) > 1 else 1.0
     tps: dict[Workload, tuple[float, int]] = {}
     if r.speculative:
         seen = {**probe_acceptance(r.emulator, counter), **probes}
         tps = {w: (expected_tokens_per_step(a, r.k), 48) for w, a in seen.items()}
     return RouteProfile(
         r.name.value,
-        ServerIdentity(f"sim://{r.name.value}", "sim", "sim", r.spec().method, r.k),
+        ServerIdentity(f"sim://{r.name.value}", "sim", "sim", r.spec().method, r.k, device=device),
         Curve(
             tuple(map(float, PROFILE_PROMPTS)),
             tuple(_ttft_s(r, p) for p in PROFILE_PROMPTS),
@@ -306,7 +339,7 @@ def _route_profile(
             ),
         ),
         tps,
-        2.0 if gpus == 1 else 1.0,  # processor sharing: two busy servers, half each
+        beside,
     )
 
 
@@ -319,6 +352,7 @@ def profiled(
     counter: TokenCounter | None = None,
     routes: Sequence[SimRoute] | None = None,
     probes_of: Mapping[Route, Mapping[Workload, float]] | None = None,
+    devices: Mapping[Route, str] | None = None,
 ) -> ProfiledPolicy:
     """The gateway's default policy over `routes` (default: the pair), its start-up profile
     of these engines in."""
@@ -327,7 +361,13 @@ def profiled(
         config or RouterConfig(),
         routes=[r.spec() for r in table],
         profile=engine_profile(
-            emulator, gpus=gpus, probes=probes, counter=counter, routes=table, probes_of=probes_of
+            emulator,
+            gpus=gpus,
+            probes=probes,
+            counter=counter,
+            routes=table,
+            probes_of=probes_of,
+            devices=devices,
         ),
     )
 
@@ -373,15 +413,18 @@ def simulate(
     gpus: int = 1,
     seed: int = 0,
     routes: Sequence[SimRoute] | None = None,
+    devices: Mapping[Route, str] | None = None,
 ) -> list[Served]:
     """A closed loop of `concurrency` clients; the router learns every answer as it goes
     (Policy.learn), and decides with a seeded rng as the gateway does (its exploration).
 
     routes: the servers (default: `emulator`'s speculative one and its baseline), in the
     configuration's order. gpus=1: all on one time-sliced GPU; 2 (or more): each server
-    its own GPU, stepping independently.
+    its own GPU, stepping independently. devices: each route's device (then not `gpus`),
+    each device time-sliced among its own busy servers only.
     """
     table = {r.name: r for r in (routes or pair_routes(emulator))}
+    _check_devices(devices, list(table.values()), gpus)
     learn: Callable[[Lesson], None] = router.learn
     rng = random.Random(seed)
     running: dict[Route, list[_Running]] = {r: [] for r in table}
@@ -452,7 +495,8 @@ def simulate(
                 send(now)
 
     # Each busy engine's step: the work it has left (seconds alone) and what it does.
-    # One GPU is processor-shared: while n engines are busy each advances at 1/n.
+    # One GPU is processor-shared: while n engines are busy each advances at 1/n; with
+    # devices, n is the busy engines of its own device.
     work: dict[Route, float] = {}
     steps: dict[Route, _Step] = {}
     while True:
@@ -461,12 +505,21 @@ def simulate(
                 work[route], steps[route] = begin(route)
         if not work:
             return served
-        share = len(work) if gpus == 1 else 1
-        route = min(work, key=work.__getitem__)
-        elapsed = work[route]
-        now += elapsed * share
-        for other in work:
-            work[other] -= elapsed
+        if devices is None:
+            share = len(work) if gpus == 1 else 1
+            route = min(work, key=work.__getitem__)
+            elapsed = work[route]
+            now += elapsed * share
+            for other in work:
+                work[other] -= elapsed
+        else:
+            busy = Counter(devices[r] for r in work)
+            slowed = {r: busy[devices[r]] for r in work}
+            route = min(work, key=lambda r: work[r] * slowed[r])
+            dt = work[route] * slowed[route]
+            now += dt
+            for other in work:
+                work[other] -= dt / slowed[other]
         del work[route]
         complete(route, steps.pop(route), now)
         finish(route, now)
