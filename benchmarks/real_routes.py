@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import random
 import statistics
@@ -62,7 +63,7 @@ from classifier.profile import EngineProfile  # noqa: E402
 from classifier.tokens import load_tiktoken_counter  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
-from gateway.state import BACKENDS, CONFIG, SESSION, SHADOWS  # noqa: E402
+from gateway.state import BACKENDS, CONFIG, RUNTIME, SESSION, SHADOWS  # noqa: E402
 from tooling import datasets  # noqa: E402
 from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import serve_app  # noqa: E402
@@ -288,9 +289,44 @@ async def run(args: argparse.Namespace, urls: dict[str, str], work: Path) -> Non
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps([[*k, v] for k, v in results.items()]) + "\n")
             print(f"raw timings: {out}")
+            if gws.apps:
+                app = gws.apps[0]
+                weight = app[CONFIG].routing.tuning.probe_weight
+                print(probe_bias(app[RUNTIME].current.policy, weight))
         finally:
             for runner in gws.runners:
                 await runner.cleanup()
+
+
+def probe_bias(policy: object, weight: float) -> str:
+    """How far the trio's profile probes were from the traffic, per speculative route and
+    workload: the probes' rate (accepted drafts per step / k) against the mean of the
+    answers' (the posterior's data part, its prior's weight taken out). Their RMS over
+    the keys is the uncertainty of a workload's mean before its first answer, which
+    RouterConfig.prior_sd / sqrt(probe_weight) states (`weight`: that probe_weight)."""
+    profile = getattr(policy, "profile", None)
+    beliefs = getattr(policy, "acceptance_beliefs", None)
+    if not isinstance(profile, EngineProfile) or beliefs is None:
+        return "probe bias: not a profiled policy"
+    lines = ["probe bias (rate = accepted drafts per step / k):", "route workload probe traffic n"]
+    errors: list[float] = []
+    for route, per in beliefs().items():
+        measured = profile.route(route.value)
+        if measured is None:
+            continue
+        k = measured.identity.num_speculative_tokens
+        for workload, (mean, _sd, n) in sorted(per.items()):
+            probe = measured.tokens_per_step.get(workload)
+            if probe is None or n < 1:
+                continue
+            probe_rate = (probe[0] - 1.0) / k
+            traffic = (mean * (n + weight) - weight * probe_rate) / n
+            errors.append(probe_rate - traffic)
+            lines.append(f"{route} {workload.value} {probe_rate:.3f} {traffic:.3f} {n:.0f}")
+    if errors:
+        rms = math.sqrt(statistics.fmean(e * e for e in errors))
+        lines.append(f"RMS probe - traffic over {len(errors)} keys: {rms:.3f}")
+    return "\n".join(lines)
 
 
 def summarize(results: Results, targets: list[str]) -> str:
