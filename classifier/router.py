@@ -157,7 +157,11 @@ class RouterConfig:
     move_horizon_lives: float = 50.0
     # Weight of a profile probe's acceptance, in requests (the profile runs about
     # two probes per workload kind), and the spread of a request's acceptance
-    # around its workload's mean before any is measured (in units of rho).
+    # around its workload's mean before any is measured (in units of rho): the mean's
+    # uncertainty before its first answer is prior_sd / sqrt(probe_weight) = 0.14, the
+    # real engine's probes against its traffic (benchmarks/real_routes.py prints their
+    # RMS: 0.137 on the CPU trio, 2026-12-05; docs/routes.md). The emulator's probes are
+    # exact but for chat, so there this explores more than it needs to.
     probe_weight: float = 2.0
     prior_sd: float = 0.2
     # Memories, in requests: acceptance and failures follow a changed draft or
