@@ -17,6 +17,9 @@ warm-up, and its choices are then checked against what the test measures itself:
   route's mean. Only those routes are wrong answers: where routes are within the noise
   of each other (k = 2 and k = 4 on JSON measured 1.18 s and 1.21 s), either is right.
 
+The gateway's Thompson draws (reason "explore": a route predicted within
+explore_max_regret of the best, tried on purpose) are counted apart from its decisions.
+
 Nothing here names a winner: the test fails if the gateway sends a workload's
 requests to a route measured slower outside the noise, and if no route is measured
 slower than another outside the noise at all (then the test would show nothing).
@@ -115,15 +118,17 @@ async def idle(http: aiohttp.ClientSession, trio: Trio, app: web.Application) ->
 
 async def timed(
     http: aiohttp.ClientSession, url: str, body: dict[str, Any], route: str | None = None
-) -> tuple[float, str]:
-    """One request's e2e and the route that answered (`route`: forced with the header)."""
+) -> tuple[float, str, str]:
+    """One request's e2e, the route that answered and the gateway's reason (`route`:
+    forced with the header)."""
     started = time.perf_counter()
     headers = {"x-specroute-route": route} if route else None
     async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
         answer = await resp.json()
         assert resp.status == 200, answer
         route = resp.headers.get("x-specroute-route", "")
-    return time.perf_counter() - started, route
+        reason = resp.headers.get("x-specroute-reason", "")
+    return time.perf_counter() - started, route, reason
 
 
 async def prime(http: aiohttp.ClientSession, trio: Trio, body: dict[str, Any]) -> None:
@@ -175,7 +180,14 @@ async def test_three_routes_send_each_workload_to_a_route_measured_fastest(
                 await timed(http, gateway, body, route)
 
         e2e: dict[str, list[dict[str, float]]] = defaultdict(list)
+        # The decisions on the posterior mean, and the Thompson draws apart: a draw tries
+        # a route predicted within explore_max_regret of the best on purpose (on a fresh
+        # clone, 2026-12-05 05:46, 4 of 8 code requests were draws onto ngram-k2,
+        # predicted 2-12% dearer than ngram-k4 and measured 23% slower; the 4 decided
+        # went to ngram-k4). The draws' bound is tested in tests/classifier; here, where
+        # the rule sends each kind.
         chosen: dict[str, Counter[str]] = defaultdict(Counter)
+        explored: dict[str, Counter[str]] = defaultdict(Counter)
         n = 0
         for _ in range(REPEATS):
             for workload, body in mix(PER_WORKLOAD, "measured", trio.model):
@@ -183,9 +195,9 @@ async def test_three_routes_send_each_workload_to_a_route_measured_fastest(
                 got: dict[str, float] = {}
                 for target in names[n % len(names) :] + names[: n % len(names)]:
                     await idle(http, trio, app)
-                    got[target], route = await timed(http, targets[target], body)
+                    got[target], route, reason = await timed(http, targets[target], body)
                     if target == "gateway":
-                        chosen[workload][route] += 1
+                        (explored if reason == "explore" else chosen)[workload][route] += 1
                 e2e[workload].append(got)
                 n += 1
     finally:
@@ -199,12 +211,13 @@ async def test_three_routes_send_each_workload_to_a_route_measured_fastest(
         print(
             f"{workload:13} "
             + " ".join(f"{means[t]:9.3f}" for t in names)
-            + f"  {dict(chosen[workload])}"
+            + f"  {dict(chosen[workload])}, drawn {dict(explored[workload])}"
         )
         fastest = min(trio.urls, key=lambda r: means[r])
         slower = {r for r in trio.urls if r != fastest and slower_outside_noise(pairs, fastest, r)}
         decided += len(slower)
         print(f"  fastest {fastest}; slower outside the noise: {sorted(slower) or 'no route'}")
+        assert sum(chosen[workload].values()) >= 2, f"{workload}: too few decided: {chosen}"
         bad = {r: c for r, c in chosen[workload].items() if r in slower}
         if sum(bad.values()) > MAX_WRONG * sum(chosen[workload].values()):
             wrong[workload] = bad
