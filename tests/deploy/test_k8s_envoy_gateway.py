@@ -212,14 +212,17 @@ def _pool_of(rule: Obj) -> str:
     return str(ref["name"])
 
 
-def test_the_route_matches_the_pickers_header_to_each_pool(rendered: list[Obj]) -> None:
+def check_header_rules(rendered: list[Obj], routes: set[str], default: str) -> None:
+    """The HTTPRoute matches the picker's header for each route to that route's pool, whose
+    selector picks that route's vLLM Deployment (vllm-ROUTE) only, on its port; requests
+    without the header go to the default route's pool."""
     route = one(rendered, "HTTPRoute", "specroute")
     gateway = one(rendered, "Gateway", "specroute")
     (parent,) = route["spec"]["parentRefs"]
     assert parent["name"] == gateway["metadata"]["name"]
     assert parent["sectionName"] in {li["name"] for li in gateway["spec"]["listeners"]}
     header_rules: dict[str, str] = {}
-    default = []
+    fallback = []
     for rule in route["spec"]["rules"]:
         (match,) = rule["matches"]
         if "headers" in match:
@@ -229,9 +232,15 @@ def test_the_route_matches_the_pickers_header_to_each_pool(rendered: list[Obj]) 
             header_rules[header["value"]] = _pool_of(rule)
         else:
             assert match["path"] == {"type": "PathPrefix", "value": "/"}
-            default.append(_pool_of(rule))
-    assert set(header_rules) == {r.value for r in PAIR}
-    assert default == [header_rules["baseline"]]  # no header, or the picker down: baseline
+            fallback.append(_pool_of(rule))
+    assert set(header_rules) == routes
+    assert fallback == [header_rules[default]]  # no header, or the picker down
+    pools = {
+        o["metadata"]["name"]
+        for o in rendered
+        if (o["apiVersion"].split("/")[0], o["kind"]) == POOL
+    }
+    assert pools == set(header_rules.values())  # no pool left over (the pair's, say)
     for value, pool_name in header_rules.items():
         pool = one(rendered, "InferencePool", pool_name)
         vllm = one(rendered, "Deployment", f"vllm-{value}")
@@ -245,6 +254,10 @@ def test_the_route_matches_the_pickers_header_to_each_pool(rendered: list[Obj]) 
         flags = dict(a[2:].split("=", 1) for a in container(vllm)["args"] if "=" in a)
         assert pool["spec"]["targetPorts"] == [{"number": int(flags["port"])}]
         assert "endpointPickerRef" not in pool["spec"]  # one server per pool
+
+
+def test_the_route_matches_the_pickers_header_to_each_pool(rendered: list[Obj]) -> None:
+    check_header_rules(rendered, {r.value for r in PAIR}, "baseline")
 
 
 def test_the_extension_policy_calls_the_picker_as_the_bootstrap_does(
@@ -276,11 +289,13 @@ def test_the_extension_policy_calls_the_picker_as_the_bootstrap_does(
     assert ext["messageTimeout"] == envoy["message_timeout"]
 
 
-def test_vllm_admits_the_picker_and_envoy_gateways_proxies(rendered: list[Obj]) -> None:
+def check_vllm_admits_the_picker_and_envoy_gateways_proxies(
+    rendered: list[Obj], server: str
+) -> None:
     picker = one(rendered, "Deployment", "specroute-picker")
-    spec = one(rendered, "Deployment", "vllm-speculative")
+    vllm = one(rendered, "Deployment", server)
     policies = [o for o in rendered if o["kind"] == "NetworkPolicy"
-                and selects(o["spec"]["podSelector"]["matchLabels"], pod_labels(spec))]  # fmt: skip
+                and selects(o["spec"]["podSelector"]["matchLabels"], pod_labels(vllm))]  # fmt: skip
     sources = [s for p in policies for rule in p["spec"]["ingress"] for s in rule["from"]]
     assert any(
         "podSelector" in s and selects(s["podSelector"]["matchLabels"], pod_labels(picker))
@@ -290,6 +305,13 @@ def test_vllm_admits_the_picker_and_envoy_gateways_proxies(rendered: list[Obj]) 
         s["namespaceSelector"]["matchLabels"] for s in sources if "namespaceSelector" in s
     ]
     assert {"kubernetes.io/metadata.name": "envoy-gateway-system"} in namespaces
+
+
+@pytest.mark.parametrize("server", ["vllm-speculative", "vllm-baseline"])
+def test_vllm_admits_the_picker_and_envoy_gateways_proxies(
+    rendered: list[Obj], server: str
+) -> None:
+    check_vllm_admits_the_picker_and_envoy_gateways_proxies(rendered, server)
 
 
 def test_the_vendored_files_say_where_they_come_from() -> None:
