@@ -63,8 +63,8 @@ from classifier.profile import EngineProfile  # noqa: E402
 from classifier.tokens import load_tiktoken_counter  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
-from gateway.state import BACKENDS, CONFIG, RUNTIME, SESSION, SHADOWS  # noqa: E402
-from tooling import datasets  # noqa: E402
+from gateway.state import CONFIG, RUNTIME  # noqa: E402
+from tooling import datasets, interleave  # noqa: E402
 from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import serve_app  # noqa: E402
 
@@ -79,12 +79,6 @@ POEMS = (
 )
 
 
-def code_repeat(rng: random.Random) -> dict[str, Any]:
-    problem = rng.choice(datasets.humaneval_problems())
-    content = f"Repeat this Python function exactly:\n\n{problem.code}"
-    return {"messages": [{"role": "user", "content": content}], "temperature": 0}
-
-
 def creative(rng: random.Random) -> dict[str, Any]:
     topic = rng.choice(POEMS)
     return {
@@ -95,38 +89,11 @@ def creative(rng: random.Random) -> dict[str, Any]:
 
 
 WORKLOADS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
-    "code-repeat": code_repeat,
+    "code-repeat": datasets.code_repeat,
     "json-extract": datasets.json_extract,
     "sharegpt": datasets.sharegpt,
     "creative": creative,
 }
-
-
-def mix(
-    per_workload: int, max_tokens: int, model: str, seed: str
-) -> list[tuple[str, dict[str, Any]]]:
-    """per_workload requests of each workload, interleaved by workload."""
-    out = []
-    for i in range(per_workload):
-        for name, make in WORKLOADS.items():
-            body = make(random.Random(f"{seed}:{name}:{i}"))
-            body["model"] = model
-            body["max_tokens"] = min(int(body.get("max_tokens", max_tokens)), max_tokens)
-            out.append((name, body))
-    return out
-
-
-def route_tables(urls: dict[str, str], names: tuple[str, ...]) -> dict[str, Any]:
-    """[routes.NAME] tables for these routes, in ROUTES' order."""
-    tables: dict[str, Any] = {}
-    for name in ROUTES:
-        if name in names:
-            k = ROUTES[name]
-            table: dict[str, Any] = {"urls": [urls[name]], "method": "ngram" if k else "none"}
-            if k:
-                table["num_speculative_tokens"] = k
-            tables[name] = table
-    return tables
 
 
 def trio_from_env() -> dict[str, str]:
@@ -157,6 +124,12 @@ class Gateways:
     runners: list[web.AppRunner]
 
 
+async def settle(http: aiohttp.ClientSession, urls: dict[str, str], gws: Gateways) -> None:
+    """Every server idle and every gateway's view scraped now (tooling/interleave.py)."""
+    if not await interleave.idle(http, urls.values(), gws.apps):
+        raise SystemExit("the servers did not go idle within 120 s")
+
+
 async def start_gateways(
     args: argparse.Namespace, urls: dict[str, str], work: Path, http: aiohttp.ClientSession
 ) -> Gateways:
@@ -168,7 +141,7 @@ async def start_gateways(
     async def serve(target: str, names: tuple[str, ...], profile: Path) -> None:
         config = parse_config(
             {
-                "routes": route_tables(urls, names),
+                "routes": interleave.route_tables({n: urls[n] for n in names}, ROUTES),
                 "routing": {"policy": "profiled", "profile_path": str(profile)},
             }
         )
@@ -193,47 +166,6 @@ async def start_gateways(
     return out
 
 
-async def idle(http: aiohttp.ClientSession, urls: dict[str, str], gws: Gateways) -> None:
-    """No server runs or queues anything, no gateway holds a shadow copy, and each
-    gateway's view of the servers is a scrape taken now."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        busy: float = sum(app[SHADOWS].pending for app in gws.apps)
-        for url in urls.values():
-            async with http.get(url + "/metrics") as resp:
-                text = await resp.text()
-            for line in text.splitlines():
-                if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
-                    busy += float(line.rsplit(None, 1)[1])
-        if not busy:
-            for app in gws.apps:
-                await app[BACKENDS].forget_own_load(
-                    app[SESSION], app[CONFIG].upstream.health_timeout_s
-                )
-            return
-        await asyncio.sleep(0.2)
-    raise SystemExit("the servers did not go idle within 120 s")
-
-
-async def timed(
-    http: aiohttp.ClientSession, url: str, body: dict[str, Any]
-) -> tuple[float | None, str]:
-    """(seconds, the gateway's route header), or (None, status) for a failed answer."""
-    started = time.perf_counter()
-    async with http.post(url + "/v1/chat/completions", json=body) as resp:
-        await resp.read()
-        if resp.status != 200:
-            return None, str(resp.status)
-        route = resp.headers.get("x-specroute-route", "")
-    return time.perf_counter() - started, route
-
-
-async def prime(http: aiohttp.ClientSession, urls: dict[str, str], body: dict[str, Any]) -> None:
-    for url in urls.values():
-        async with http.post(url + "/v1/chat/completions", json={**body, "max_tokens": 1}) as r:
-            await r.read()
-
-
 # One timed result: (repeat, load, request index, workload, target) -> seconds
 Results = dict[tuple[int, int, int, str, str], float]
 
@@ -247,15 +179,17 @@ async def run(args: argparse.Namespace, urls: dict[str, str], work: Path) -> Non
             gws = await start_gateways(args, urls, work, http)
         try:
             targets = {f"static:{name}": url for name, url in urls.items()} | gws.urls
-            warm = mix(args.warm_up, args.max_tokens, args.model, "warm-up")
+            warm = interleave.mix(WORKLOADS, args.warm_up, "warm-up", args.model, args.max_tokens)
             for _, body in warm:  # every engine compiles its shapes; every gateway learns
                 for url in targets.values():
-                    await idle(http, urls, gws)
-                    await timed(http, url, body)
+                    await settle(http, urls, gws)
+                    await interleave.timed(http, url, body)
             results: Results = {}
             routes: dict[str, Counter[str]] = defaultdict(Counter)
             failed: Counter[str] = Counter()
-            measured = mix(args.per_workload, args.max_tokens, args.model, "measured")
+            measured = interleave.mix(
+                WORKLOADS, args.per_workload, "measured", args.model, args.max_tokens
+            )
             names = list(targets)
             for repeat in range(args.repeats):
                 for c in args.concurrency:
@@ -265,21 +199,25 @@ async def run(args: argparse.Namespace, urls: dict[str, str], work: Path) -> Non
                     chunks = [order[i : i + c] for i in range(0, len(order), c)]
                     for n, chunk in enumerate(chunks):
                         for i in chunk:
-                            await prime(http, urls, measured[i][1])
+                            await interleave.prime(http, urls.values(), measured[i][1])
                         turn = (n + repeat) % len(names)
                         for target in names[turn:] + names[:turn]:
-                            await idle(http, urls, gws)
+                            await settle(http, urls, gws)
                             got = await asyncio.gather(
-                                *(timed(http, targets[target], measured[i][1]) for i in chunk)
+                                *(
+                                    interleave.timed(http, targets[target], measured[i][1])
+                                    for i in chunk
+                                )
                             )
-                            for i, (took, route) in zip(chunk, got, strict=True):
+                            for i, answer in zip(chunk, got, strict=True):
                                 workload = measured[i][0]
-                                if took is None:  # left out of every target's means
-                                    failed[f"c={c} {target} {workload}: HTTP {route}"] += 1
+                                if answer.seconds is None:  # left out of every target's means
+                                    failed[f"c={c} {target} {workload}: HTTP {answer.status}"] += 1
                                     continue
-                                results[(repeat, c, i, workload, target)] = took
-                                if route:
-                                    routes[f"c={c} {target}"][f"{workload}->{route}"] += 1
+                                results[(repeat, c, i, workload, target)] = answer.seconds
+                                if answer.route:
+                                    key = f"{workload}->{answer.route}"
+                                    routes[f"c={c} {target}"][key] += 1
                     print(f"repeat {repeat + 1} c={c} done", flush=True)
             print(summarize(results, names), flush=True)
             print(f"failed answers (their requests left out): {dict(failed) or 'none'}")

@@ -298,6 +298,17 @@ def humaneval(rng: random.Random) -> dict[str, Any]:
     )
 
 
+def code_repeat(rng: random.Random) -> dict[str, Any]:
+    """A function asked back verbatim, greedy: what n-gram drafts copy from the context
+    (the real-vLLM tier's small model does not follow edit instructions, `humaneval`)."""
+    try:
+        problem = rng.choice(humaneval_problems())
+    except DatasetError as exc:
+        raise DatasetError(f"workload code-repeat {exc}") from None
+    content = f"Repeat this Python function exactly:\n\n{problem.code}"
+    return {"messages": [{"role": "user", "content": content}], "temperature": 0}
+
+
 _EXTRACT_SCHEMA = {
     "type": "object",
     "properties": {

@@ -19,16 +19,19 @@ import os
 import re
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from classifier.tokens import load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import parse_config
 from tests.support import skip_unless_ci
+from tooling import interleave
 from tooling.local_stack import serve_app
 
 ENV = "SPECROUTE_VLLM_BACKENDS"
@@ -215,3 +218,28 @@ async def quiet_gateway(backends: Backends) -> AsyncIterator[str]:
         yield url
     finally:
         await runner.cleanup()
+
+
+# ---- timing targets interleaved (tooling/interleave.py), failing the test on the way ----
+
+
+async def settle(
+    http: aiohttp.ClientSession, urls: Iterable[str], *gateways: web.Application
+) -> None:
+    """The servers idle, no shadow copy pending, each gateway's view scraped now."""
+    if not await interleave.idle(http, urls, gateways):
+        pytest.fail("the servers did not go idle within 120 s")
+
+
+async def primed(http: aiohttp.ClientSession, urls: Iterable[str], body: dict[str, Any]) -> None:
+    statuses = await interleave.prime(http, urls, body)
+    assert set(statuses.values()) == {200}, statuses
+
+
+async def timed_ok(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], route: str | None = None
+) -> tuple[float, interleave.Answer]:
+    """A 200 answer's seconds and the answer (the gateway's route and reason)."""
+    answer = await interleave.timed(http, url, body, route)
+    assert answer.seconds is not None, f"HTTP {answer.status}: {answer.error}"
+    return answer.seconds, answer

