@@ -20,11 +20,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from gateway.backends.scraper import parse_metrics
 from gateway.state import BACKENDS, CONFIG, SESSION, SHADOWS
 
 Body = dict[str, Any]
-# The gauges of vLLM's /metrics that say a server has work: running or waiting requests.
-BUSY_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 def mix(
@@ -58,18 +57,6 @@ def route_tables(urls: Mapping[str, str], k: Mapping[str, int]) -> dict[str, Any
     return tables
 
 
-def busy_requests(metrics: str) -> float:
-    """Requests running or waiting in one scrape of vLLM's /metrics (every label set)."""
-    total = 0.0
-    for line in metrics.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name = line.split("{", 1)[0].split(None, 1)[0]
-        if name in BUSY_GAUGES:
-            total += float(line.rsplit(None, 1)[1])
-    return total
-
-
 async def prime(http: aiohttp.ClientSession, urls: Iterable[str], body: Body) -> dict[str, int]:
     """The body's prompt into each server's prefix cache (one token); the HTTP status per
     server."""
@@ -95,7 +82,8 @@ async def idle(
         busy: float = sum(app[SHADOWS].pending for app in gateways)
         for url in urls:
             async with http.get(url + "/metrics") as resp:
-                busy += busy_requests(await resp.text())
+                scrape = parse_metrics(await resp.text(), at=0.0)
+            busy += (scrape.running or 0.0) + (scrape.waiting or 0.0)
         if not busy:
             for app in gateways:
                 await app[BACKENDS].forget_own_load(

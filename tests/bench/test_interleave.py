@@ -52,23 +52,6 @@ def test_route_tables_load_in_order() -> None:
     ]
 
 
-def test_busy_requests_sums_the_two_gauges_only() -> None:
-    text = "\n".join(
-        [
-            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-            "# TYPE vllm:num_requests_running gauge",
-            'vllm:num_requests_running{engine="0",model_name="m"} 2.0',
-            'vllm:num_requests_running{engine="1",model_name="m"} 1.0',
-            "vllm:num_requests_waiting 3",
-            "vllm:num_requests_running_total 100",
-            "vllm:num_requests_swapped 7",
-            "",
-        ]
-    )
-    assert interleave.busy_requests(text) == 6.0
-    assert interleave.busy_requests("") == 0.0
-
-
 @dataclass
 class Stack:
     urls: dict[str, str]

@@ -3,7 +3,8 @@
 (Kubernetes' schemas, the vendored CRDs); the pair's servers and pools are gone; the
 picker reads the routes' config; the HTTPRoute matches the picker's header for each
 configured route to that route's pool and server, and sends requests without it where
-deploy/envoy/render.py sends them; the Envoy Gateway objects are ../envoy-gateway's and the servers ../routes'."""
+deploy/envoy/render.py sends them; the Envoy Gateway objects are ../envoy-gateway's and
+the servers ../routes'."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from gateway.config import load_config
 from tests.deploy.test_k8s import K8S, Obj, kustomize, one
 from tests.deploy.test_k8s_envoy_gateway import (
     _picker_args,
+    check_every_object_validates,
     check_header_rules,
     check_vllm_admits_the_picker_and_envoy_gateways_proxies,
-    validate,
 )
 
 OVERLAY = K8S / "envoy-gateway-routes"
@@ -31,11 +32,7 @@ def rendered() -> list[Obj]:
 
 
 def test_renders_and_validates_with_the_routes_for_the_pair(rendered: list[Obj]) -> None:
-    for obj in rendered:
-        validate(obj)
-        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "specroute"
-        if obj["kind"] != "Namespace":
-            assert obj["metadata"]["namespace"] == "specroute"
+    check_every_object_validates(rendered)
     names = {(o["kind"], o["metadata"]["name"]) for o in rendered}
     routes = list(load_config(CONFIG).routes)
     assert {n for k, n in names if k == "Deployment"} == {
@@ -64,9 +61,11 @@ def test_each_route_header_reaches_its_pool_and_server(rendered: list[Obj]) -> N
         check_vllm_admits_the_picker_and_envoy_gateways_proxies(rendered, f"vllm-{name}")
 
 
-def test_envoy_gateway_from_the_pairs_layout_servers_from_the_routes_layout() -> None:
+def test_envoy_gateway_from_the_pairs_layout_servers_from_the_routes_layout(
+    rendered: list[Obj],
+) -> None:
     pair = {(o["kind"], o["metadata"]["name"]): o for o in kustomize(K8S / "envoy-gateway")}
-    ours = {(o["kind"], o["metadata"]["name"]): o for o in kustomize(OVERLAY)}
+    ours = {(o["kind"], o["metadata"]["name"]): o for o in rendered}
     standalone = {(o["kind"], o["metadata"]["name"]): o for o in kustomize(K8S / "routes")}
     for name in load_config(CONFIG).routes:
         for kind in ("Deployment", "Service"):
