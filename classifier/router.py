@@ -119,6 +119,15 @@ _TEMPERATURE_BUCKETS = (0.05, 0.5, 1.0)
 # The floor on a belief's between-request variance (rate units squared: a 0.01 sd), a
 # choice: a run of identical rates would otherwise claim certainty and stop exploring.
 _VARIANCE_FLOOR = 1e-4
+# The prior_sd's weight, in requests, as a prior on the spread of single answers around
+# their key's mean: half a request, so a second answer already speaks mostly for itself
+# (on the measured H200's emulator that spread is 0.02-0.11, against prior_sd's 0.2).
+_SPREAD_PRIOR_WEIGHT = 0.5
+# The probes' bias against the traffic (ProfiledPolicy._learn_probe_bias): the configured
+# prior_sd / sqrt(probe_weight) counts as one probed key's evidence, and a key counts once
+# it has two answers' weight, the least that measures their spread around their mean.
+_BIAS_PRIOR_KEYS = 1.0
+_BIAS_MIN_ANSWERS = 2.0
 # Drift learns only from answers of at least this many decode steps (a few steps' time
 # is mostly the first token's), each answer's ratio clamped to [1/x, x]: a choice, so
 # one answer held up by a stalled server moves the drift by at most log(4) / weight.
@@ -195,9 +204,11 @@ class AcceptanceBelief:
     """Posterior of one key's mean acceptance rho (accepted drafts per step / k).
 
     Decayed sums of the requests' rates (weight, weighted sum, weighted sum of
-    squares) plus a prior worth prior_n requests at prior_mean with spread
-    prior_sd. The mean's uncertainty is the between-request spread over the
-    square root of the requests' weight: a normal approximation, drawn from for
+    squares) and a prior: the mean at prior_mean, as sure as prior_n requests of
+    spread prior_sd (its sd prior_sd / sqrt(prior_n)). Normal on normal: the
+    answers' mean counts by its precision, their weight over their own spread
+    around their own mean (prior_sd a prior on that spread worth half a request),
+    so answers that agree soon outweigh a probe that missed them. Drawn from for
     Thompson sampling and clipped into [0, 1].
     """
 
@@ -217,17 +228,26 @@ class AcceptanceBelief:
     def weight(self) -> float:
         return self.n + self.prior_n
 
+    def _precisions(self) -> tuple[float, float]:
+        """The prior's precision and the answers' (1 / variance of the mean)."""
+        prior = self.prior_n / max(self.prior_sd**2, _VARIANCE_FLOOR)
+        if self.n <= 0:
+            return prior, 0.0
+        own = max(self.squares - self.total * self.total / self.n, 0.0)
+        spread = (own + _SPREAD_PRIOR_WEIGHT * self.prior_sd**2) / (self.n + _SPREAD_PRIOR_WEIGHT)
+        return prior, self.n / max(spread, _VARIANCE_FLOOR)
+
     @property
     def mean(self) -> float:
-        return (self.total + self.prior_n * self.prior_mean) / self.weight
+        prior, answers = self._precisions()
+        if answers <= 0:
+            return self.prior_mean
+        return (prior * self.prior_mean + answers * self.total / self.n) / (prior + answers)
 
     @property
     def sd(self) -> float:
         """The uncertainty of the mean (not the spread of single requests)."""
-        m = self.mean
-        second = self.squares + self.prior_n * (self.prior_sd**2 + self.prior_mean**2)
-        spread = max(second / self.weight - m * m, _VARIANCE_FLOOR)
-        return math.sqrt(spread / self.weight)
+        return 1.0 / math.sqrt(sum(self._precisions()))
 
     def sample(self, rng: random.Random) -> float:
         return min(1.0, max(0.0, rng.gauss(self.mean, self.sd)))
@@ -265,9 +285,10 @@ class PredictionErrors:
 
 @dataclass(slots=True)
 class _Drift:
-    """Running mean of log(measured / profiled decode time) for one route."""
+    """Running mean of log(measured / profiled decode time) over one route's own answers
+    (the last drift_memory of them), and how many it has had."""
 
-    log_ratio: float = 0.0
+    own: float = 0.0
     count: int = 0
     beyond: int = 0  # answers in a row whose own ratio was past the contradiction bound
 
@@ -330,8 +351,10 @@ class ProfiledPolicy:
         "_model",
         "_outputs",
         "_prior",
+        "_probe_bias",
         "_profile",
         "_routes",
+        "_spread",
         "_traffic",
     )
 
@@ -362,6 +385,8 @@ class ProfiledPolicy:
         self._failures: dict[tuple[Route, Workload], list[float]] = {}
         self._errors: dict[Route, PredictionErrors] = {}
         self._decay = 1.0 - 1.0 / config.acceptance_memory
+        self._probe_bias = config.prior_sd / math.sqrt(config.probe_weight)
+        self._spread = config.prior_sd
         if profile is not None:
             self.use_profile(profile)
 
@@ -392,6 +417,7 @@ class ProfiledPolicy:
         self._profile = replace(profile, routes=tuple(_route(profile, r) for r in self._routes))
         for (route, workload, _), belief in self._beliefs.items():
             self._set_prior(belief, route, workload)
+        self._learn_probe_bias()
         self._drift = {r: _Drift() for r in _routes(self._profile)}
 
     def profile_contradicted(self) -> bool:
@@ -408,10 +434,47 @@ class ProfiledPolicy:
         k = measured.identity.num_speculative_tokens
         if probe is not None and k > 0:
             belief.prior_mean = min(1.0, max(0.0, (probe[0] - 1.0) / k))
-            belief.prior_n = self._config.probe_weight
+            belief.prior_n, belief.prior_sd = self._probe_weight(), self._spread
         else:  # no probe of this kind: a neutral guess worth one request
             belief.prior_mean, belief.prior_n = _NEUTRAL_RATE, _NEUTRAL_WEIGHT
-        belief.prior_sd = self._config.prior_sd
+            belief.prior_sd = self._config.prior_sd
+
+    def _probe_weight(self) -> float:
+        """A probe's worth, in requests of the learned spread: as sure as the probes'
+        learned bias allows (its sd is the bias)."""
+        return (self._spread / self._probe_bias) ** 2
+
+    def _probed(self, route: Route, workload: Workload) -> bool:
+        measured = _route(self._active(), route)
+        return measured.speculative and workload in measured.tokens_per_step
+
+    def _learn_probe_bias(self) -> None:
+        """How far the profile's probes sit from the traffic, learned across keys.
+
+        The probed prior's uncertainty is this bias: each probed workload with answers
+        measures it once, (answers' mean - probe)^2 less the answers' own sampling
+        variance (an unbiased estimate of bias^2); the configured prior_sd /
+        sqrt(probe_weight) counts as one key. A key not yet answered explores as much
+        as the probes of the answered keys were wrong: on the measured H200's emulator
+        they are within 0.014 but for chat, on real vLLM 0.137 RMS (docs/routes.md).
+        """
+        sd = self._config.prior_sd
+        squares, keys = _BIAS_PRIOR_KEYS * sd**2 / self._config.probe_weight, _BIAS_PRIOR_KEYS
+        spreads, answers = _SPREAD_PRIOR_WEIGHT * sd**2, _SPREAD_PRIOR_WEIGHT
+        for (route, workload, level), b in self._beliefs.items():
+            if level >= 0 or b.n < _BIAS_MIN_ANSWERS or not self._probed(route, workload):
+                continue
+            mean = b.total / b.n
+            spread = max(b.squares / b.n - mean * mean, _VARIANCE_FLOOR)
+            squares += (mean - b.prior_mean) ** 2 - spread / b.n
+            keys += 1
+            spreads += b.n * spread
+            answers += b.n
+        self._probe_bias = math.sqrt(max(squares / keys, _VARIANCE_FLOOR))
+        self._spread = math.sqrt(spreads / answers)
+        for (route, workload, _), b in self._beliefs.items():
+            if self._probed(route, workload):
+                b.prior_n, b.prior_sd = self._probe_weight(), self._spread
 
     # ---- deciding (reads only) ---------------------------------------------------------
 
@@ -434,6 +497,7 @@ class ProfiledPolicy:
             "acceptance_sd": {
                 r.value: round(self._belief_for(r, features).sd, 4) for r in speculating
             },
+            "probe_bias_sd": round(self._probe_bias, 4),
         }
         priced = profile.source != "prior"
         guards = {
@@ -531,7 +595,7 @@ class ProfiledPolicy:
         out = self._outputs.predict(f) if output_tokens is None else output_tokens
         steps = max(out - 1.0, 0.0) / tau
         batch = here.load
-        drift = math.exp(self._drift[route].log_ratio)
+        drift = math.exp(self._log_drift(route))
         # Time-sliced: while a neighbour on its device is busy, each step takes its share.
         near = profile.neighbours(route.value)
         busy = [(s, o) for r, s, o in others if s.load > 0 and r.value in near]
@@ -641,13 +705,16 @@ class ProfiledPolicy:
         (one per request per life); each workload's acceptance `sds` posterior sds above
         its mean."""
         rp = _route(profile, route)
-        step = rp.step.at(total) * math.exp(self._drift[route].log_ratio)
+        step = rp.step.at(total) * math.exp(self._log_drift(route))
+        # Weighed by the tokens each workload generates: a sequence's decode lasts its
+        # tokens / tau steps, so a long answer's acceptance counts for its length.
+        weights = self._traffic.output_weights(mix)
         per_token = 0.0
-        for workload, share in mix.items():
+        for workload, weight in weights.items():
             belief = self._workload_belief(route, workload)
             rho = min(1.0, max(0.0, belief.mean + sds * belief.sd))
-            per_token += share / self._tau(rp, rho)
-        decode = step * per_token / sum(mix.values())
+            per_token += weight / self._tau(rp, rho)
+        decode = step * per_token / sum(weights.values())
         if profile.source == "prior":  # its first-token curve is a guess, as in _predict
             return decode
         prompt, output = self._traffic.mean_prompt(mix), self._traffic.mean_output(mix)
@@ -765,6 +832,7 @@ class ProfiledPolicy:
                                 belief.mean, belief.prior_n, belief.prior_sd
                             )
                     belief.observe(rho, weight, self._decay)
+                self._learn_probe_bias()
         self._outputs.observe(f, outcome.completion_tokens)
         load = sum(s.load for s in outcome.state.servers.values()) + max(f.n, 1)
         self._traffic.observe(f.workload, f.prompt_tokens, per_seq, load)
@@ -799,22 +867,36 @@ class ProfiledPolicy:
             ttft = explained.first_token_s
         measured = outcome.duration_s - ttft
         drift = self._drift[route]
-        profiled = (explained.e2e_s - explained.first_token_s) / math.exp(drift.log_ratio)
+        profiled = (explained.e2e_s - explained.first_token_s) / math.exp(self._log_drift(route))
         if measured <= 0 or profiled <= 0:
             return
         ratio = min(_DRIFT_CLAMP, max(1.0 / _DRIFT_CLAMP, measured / profiled))
-        # The profile counts as contradiction_after answers (it takes that many past
-        # the bound to call it wrong): a transient, such as the first answers on a
-        # server a busy GPU's batch is moving to, one prefill after another, moves it
-        # a little; alone, the first of those set a 1.5x drift and sent the batch back
-        # (one emulated GPU, fresh, c=32: benchmarks/one_gpu_scenarios.py).
-        trusted = self._config.contradiction_after
-        drift.log_ratio += (math.log(ratio) - drift.log_ratio) / min(
-            drift.count + trusted + 1.0, self._config.drift_memory
+        drift.own += (math.log(ratio) - drift.own) / min(
+            drift.count + 1.0, self._config.drift_memory
         )
         drift.count += 1
         bound = math.log(self._config.contradiction_ratio)
         drift.beyond = drift.beyond + 1 if abs(math.log(ratio)) > bound else 0
+
+    def _log_drift(self, route: Route) -> float:
+        """The route's drift: its own answers' mean, shrunk toward the other routes' (the
+        profile's error on this machine, where this route has not run yet), which are
+        shrunk toward the profile (no drift).
+
+        The profile counts as contradiction_after answers (it takes that many past the
+        bound to call it wrong): a transient, such as the first answers on a server a
+        busy GPU's batch is moving to, one prefill after another, moves it a little;
+        alone, the first of those set a 1.5x drift and sent the batch back (one emulated
+        GPU, fresh, c=32: benchmarks/one_gpu_scenarios.py). The other routes' drift is
+        the prior because what makes a profile wrong is mostly the machine's, not the
+        route's: measured at 20 tokens of context with no prefill beside, on the measured
+        H200's emulator at c=32 it read eagle3-k3 1.42x slow, and eagle3-k7, never run
+        and taken at 1.00x, drew the batch (benchmarks/n_routes.py, seed 5)."""
+        trusted = float(self._config.contradiction_after)
+        others = [d for r, d in self._drift.items() if r != route]
+        pooled = sum(d.count * d.own for d in others) / (sum(d.count for d in others) + trusted)
+        mine = self._drift[route]
+        return (mine.count * mine.own + trusted * pooled) / (mine.count + trusted)
 
     def learn_failure(self, route: Route, features: RequestFeatures) -> None:
         """An answer the route failed (an error status or a stream that broke)."""
@@ -869,7 +951,7 @@ class ProfiledPolicy:
 
     def drift(self) -> dict[Route, float]:
         """Measured / profiled decode time per route (1.0: as profiled)."""
-        return {r: math.exp(d.log_ratio) for r, d in self._drift.items()}
+        return {r: math.exp(self._log_drift(r)) for r in self._drift}
 
     def error_totals(self) -> dict[Route, PredictionErrors]:
         return {r: e.since(None) for r, e in self._errors.items()}
@@ -941,6 +1023,7 @@ class ProfiledPolicy:
             for (route, workload, level), belief in beliefs.items():
                 if level < 0:
                     self._set_prior(belief, route, workload)
+            self._learn_probe_bias()
 
 
 def _parts(key: str, count: int, what: str) -> list[str]:

@@ -105,6 +105,17 @@ class Traffic:
         """Completion tokens per sequence of a request drawn from `shares` (at least 1)."""
         return max(self._mean(shares, "output_tokens"), 1.0)
 
+    def output_weights(self, shares: Mapping[Workload, float]) -> dict[Workload, float]:
+        """Each workload's share of the tokens `shares` will generate: its share times
+        its mean completion; a workload not answered yet counts the mix's mean."""
+        mean = self._mean(shares, "output_tokens") or 1.0
+        out = {}
+        for workload, share in shares.items():
+            kind = self.kinds.get(workload)
+            seen = kind.output_tokens / kind.answers if kind and kind.answers > 0 else mean
+            out[workload] = share * seen
+        return out
+
     def _mean(self, shares: Mapping[Workload, float], what: str) -> float:
         weight = total = 0.0
         for workload, share in shares.items():

@@ -133,9 +133,10 @@ def test_probes_wrong_for_one_route_teach_that_route_its_truth_and_no_other(
         )
         taught = sum(s.route == route.name and s.job.features.workload is workload for s in served)
         print(f"{route.name}: believed {believed[route.name][workload]:.3f}, truth {truth:.3f}")
-        if route == wrong or taught >= 5:
-            assert believed[route.name][workload] == pytest.approx(truth, abs=0.06), route.name
-        else:  # nothing of its own to learn from: its probe's level, untouched
+        # Every route ends at its own truth: the wrong one learned it, the others had it
+        # from their own probes (the emulator's), and none took the wrong probe.
+        assert believed[route.name][workload] == pytest.approx(truth, abs=0.06), route.name
+        if taught == 0:  # nothing of its own to learn from: its probe's level, untouched
             assert believed[route.name][workload] == before[route.name][workload]
 
 
@@ -153,16 +154,21 @@ def test_the_gateway_over_four_routes_stays_near_their_oracle() -> None:
     assert ours < best_static
 
 
-def test_under_load_one_gpu_keeps_up_with_the_best_static_route() -> None:
-    """Four servers time-sliced on one GPU at c=8: the batch belongs on one server, the one
-    that carries this mix cheapest. Measured in this sim: 1.000x (every request on
-    eagle3-k3, the best static route)."""
-    requests = jobs(20, seed=23)
+@pytest.mark.parametrize(("c", "per_workload", "seed"), [(8, 20, 23), (32, 100, 5)])
+def test_under_load_one_gpu_keeps_up_with_the_best_static_route(
+    c: int, per_workload: int, seed: int
+) -> None:
+    """Four servers time-sliced on one GPU: the batch belongs on one server, the one that
+    carries this mix cheapest. Measured in this sim: 1.000x at both (every request on
+    eagle3-k3, the best static route). At c=32 on seed 5 a router with the probes' bias
+    learned but its carry averaged per request and an unrun route's drift at 1.00x moved
+    the batch to eagle3-k7 (1.028x; docs/routes.md)."""
+    requests = jobs(per_workload, seed=seed)
     best = min(
-        mean_latency(simulate(StaticPolicy(r.name), requests, 8, routes=FOUR_ROUTES))
+        mean_latency(simulate(StaticPolicy(r.name), requests, c, routes=FOUR_ROUTES))
         for r in FOUR_ROUTES
     )
-    served = simulate(profiled(routes=FOUR_ROUTES), requests, 8, routes=FOUR_ROUTES)
+    served = simulate(profiled(routes=FOUR_ROUTES), requests, c, routes=FOUR_ROUTES)
     print(f"{mean_latency(served) / best:.3f}x the best static route")
     assert mean_latency(served) <= 1.02 * best
     assert sum(s.reason == "consolidate" for s in served) > 0.8 * len(served)

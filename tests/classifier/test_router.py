@@ -307,7 +307,11 @@ def test_three_routes_each_priced_at_its_own_k_and_taught_by_its_own_answers() -
     for _ in range(20):
         took = spec.ttft.at(100) + 127 / (1 + 7 * 0.05) * step
         policy.learn(Lesson(k7, f, idle, spec.ttft.at(100), took, 100, 128, 0.05, None))
-    assert policy.acceptance_beliefs()[k3][Workload.CODE] == before
+    after = policy.acceptance_beliefs()[k3][Workload.CODE]
+    # k3's acceptance is its own (its mean and weight as they were); only its probe's
+    # uncertainty grew, as k7's answers showed how far a probe can miss (0.43 in rate).
+    assert (after[0], after[2]) == (before[0], before[2])
+    assert after[1] > before[1]
     assert policy.acceptance_beliefs()[k7][Workload.CODE][0] < 0.15
     assert policy.decide(f, idle).route == k3
 
@@ -349,3 +353,52 @@ def test_a_profile_that_live_traffic_contradicts_is_reported() -> None:
     assert policy.profile_contradicted()
     # The drift moves toward 3x, slowly: the profile counts as contradiction_after answers.
     assert 1.4 < policy.drift()[BASE] < 2.0
+
+
+def test_probes_that_hit_their_traffic_make_an_unanswered_kind_surer_and_misses_less_sure() -> None:
+    """The probes' bias is learned across keys: where answers on structured output and
+    code agree with their probes, chat (probed, never answered) is believed as its probe
+    with less uncertainty than the configured 0.2 / sqrt(2) = 0.141 (0.081); where they
+    missed by 0.2, with more (0.182). Chat's mean is its own probe's either way."""
+    probes = {Workload.STRUCTURED: 3.0, Workload.CODE: 2.6, Workload.CHAT: 2.2}
+
+    def chat_after(miss: float) -> tuple[float, float]:
+        policy = make(profile(probes=probes))
+        for workload in (Workload.STRUCTURED, Workload.CODE):
+            rate = (probes[workload] - 1) / K - miss
+            f = feats(workload)
+            for i in range(12):  # answers spread +-0.05 around their mean
+                policy.learn(answer(policy, f, SPEC, rate + (0.05 if i % 2 else -0.05)))
+        mean, sd, n = policy.acceptance_beliefs()[SPEC][Workload.CHAT]
+        assert n == 0 and mean == pytest.approx((2.2 - 1) / K)
+        why = policy.decide(feats(Workload.CHAT), IDLE).why
+        assert why is not None
+        bias = why["probe_bias_sd"]
+        assert isinstance(bias, float)
+        return sd, bias
+
+    configured = 0.2 / 2**0.5
+    hit, hit_bias = chat_after(0.0)
+    missed, missed_bias = chat_after(0.2)
+    print(f"chat sd: {hit:.3f} after probes that hit, {missed:.3f} after misses")
+    assert hit < 0.6 * configured and hit == pytest.approx(hit_bias, abs=1e-4)
+    assert missed > configured and missed == pytest.approx(missed_bias, abs=1e-4)
+
+
+def test_a_route_not_run_yet_takes_the_drift_the_others_measured() -> None:
+    """The profile reads the baseline 1.5x fast on this machine (its answers take 1.5x the
+    profile's decode): the speculative route, never run, is believed as slow (both shrunk
+    toward the profile, which counts as 20 answers), and its own answers at the
+    profile's speed bring it back."""
+    policy = make(profile(1.0, probes={Workload.CODE: 3.0}))
+    f = feats(Workload.CODE)
+    slow = answer(policy, f, BASE, 0.0)
+    first = slow.ttft_s or 0.0
+    slow = replace(slow, duration_s=first + (slow.duration_s - first) * 1.5)
+    for _ in range(60):
+        policy.learn(slow)
+    base_drift, spec_drift = policy.drift()[BASE], policy.drift()[SPEC]
+    assert 1.25 < base_drift < 1.5 and spec_drift == pytest.approx(base_drift)
+    for _ in range(60):
+        policy.learn(answer(policy, f, SPEC, 0.5))
+    assert policy.drift()[SPEC] < spec_drift
