@@ -63,7 +63,7 @@ from classifier.profile import EngineProfile  # noqa: E402
 from classifier.tokens import load_tiktoken_counter  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
-from gateway.state import CONFIG, RUNTIME  # noqa: E402
+from gateway.state import RUNTIME  # noqa: E402
 from tooling import datasets, interleave  # noqa: E402
 from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import serve_app  # noqa: E402
@@ -228,42 +228,30 @@ async def run(args: argparse.Namespace, urls: dict[str, str], work: Path) -> Non
             out.write_text(json.dumps([[*k, v] for k, v in results.items()]) + "\n")
             print(f"raw timings: {out}")
             if gws.apps:
-                app = gws.apps[0]
-                weight = app[CONFIG].routing.tuning.probe_weight
-                print(probe_bias(app[RUNTIME].current.policy, weight))
+                print(probe_bias(gws.apps[0][RUNTIME].current.policy))
         finally:
             for runner in gws.runners:
                 await runner.cleanup()
 
 
-def probe_bias(policy: object, weight: float) -> str:
+def probe_bias(policy: object) -> str:
     """How far the trio's profile probes were from the traffic, per speculative route and
     workload: the probes' rate (accepted drafts per step / k) against the mean of the
-    answers' (the posterior's data part, its prior's weight taken out). Their RMS over
-    the keys is the uncertainty of a workload's mean before its first answer, which
-    RouterConfig.prior_sd / sqrt(probe_weight) states (`weight`: that probe_weight)."""
-    profile = getattr(policy, "profile", None)
-    beliefs = getattr(policy, "acceptance_beliefs", None)
-    if not isinstance(profile, EngineProfile) or beliefs is None:
+    answers'. Their RMS over the keys is what the router learns as the probes' bias (its
+    prior RouterConfig.prior_sd / sqrt(probe_weight)), printed beside it."""
+    misses = getattr(policy, "probe_misses", None)
+    if misses is None:
         return "probe bias: not a profiled policy"
     lines = ["probe bias (rate = accepted drafts per step / k):", "route workload probe traffic n"]
     errors: list[float] = []
-    for route, per in beliefs().items():
-        measured = profile.route(route.value)
-        if measured is None:
-            continue
-        k = measured.identity.num_speculative_tokens
-        for workload, (mean, _sd, n) in sorted(per.items()):
-            probe = measured.tokens_per_step.get(workload)
-            if probe is None or n < 1:
-                continue
-            probe_rate = (probe[0] - 1.0) / k
-            traffic = (mean * (n + weight) - weight * probe_rate) / n
-            errors.append(probe_rate - traffic)
-            lines.append(f"{route} {workload.value} {probe_rate:.3f} {traffic:.3f} {n:.0f}")
+    for route, per in misses().items():
+        for workload, (probe, traffic, n) in sorted(per.items()):
+            errors.append(probe - traffic)
+            lines.append(f"{route} {workload.value} {probe:.3f} {traffic:.3f} {n:.0f}")
     if errors:
         rms = math.sqrt(statistics.fmean(e * e for e in errors))
         lines.append(f"RMS probe - traffic over {len(errors)} keys: {rms:.3f}")
+    lines.append(f"the router's learned probe bias: {getattr(policy, 'probe_bias', 0.0):.3f}")
     return "\n".join(lines)
 
 

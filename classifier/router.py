@@ -944,6 +944,20 @@ class ProfiledPolicy:
                 out[route][workload] = (b.mean, b.sd, b.n)
         return out
 
+    def probe_misses(self) -> dict[Route, dict[Workload, tuple[float, float, float]]]:
+        """(probe's rate, answers' mean rate, their weight) per speculative route and
+        probed workload with answers: what the probes' learned bias is made of."""
+        out: dict[Route, dict[Workload, tuple[float, float, float]]] = {}
+        for (route, workload, level), b in self._beliefs.items():
+            if level < 0 and b.n > 0 and self._probed(route, workload):
+                out.setdefault(route, {})[workload] = (b.prior_mean, b.total / b.n, b.n)
+        return out
+
+    @property
+    def probe_bias(self) -> float:
+        """The probes' learned bias against the traffic (rate units, an sd)."""
+        return self._probe_bias
+
     def shared_gpu(self, pair: int = 0) -> bool | None:
         if self._profile is None:
             return None

@@ -1,5 +1,5 @@
 """benchmarks/real_routes.py's probe-bias readout: the probes' rate against the answers'
-mean, the posterior's prior taken out (the source of RouterConfig.prior_sd)."""
+mean (the source of RouterConfig.prior_sd), and the bias the router learned of them."""
 
 from __future__ import annotations
 
@@ -30,7 +30,11 @@ def test_the_bias_is_the_probes_rate_less_the_answers_mean() -> None:
     f = feats(Workload.CODE)
     for rate in (0.10, 0.20) * 10:  # the answers' mean: 0.15
         policy.learn(Lesson(SPEC, f, IDLE, 0.05, 1.0, 100, 128, rate, None))
-    told = _module().probe_bias(policy, RouterConfig().probe_weight).splitlines()
+    told = _module().probe_bias(policy).splitlines()
     assert "speculative code 0.500 0.150 20" in told
-    assert told[-1] == "RMS probe - traffic over 1 keys: 0.350"
-    assert _module().probe_bias(object(), 2.0) == "probe bias: not a profiled policy"
+    assert told[-2] == "RMS probe - traffic over 1 keys: 0.350"
+    # Learned: (0.14^2 for the configured prior + 0.35^2 - 0.05^2 / 20) over two keys.
+    configured = RouterConfig().prior_sd ** 2 / RouterConfig().probe_weight
+    learned = ((configured + 0.35**2 - 0.05**2 / 20) / 2) ** 0.5
+    assert told[-1] == f"the router's learned probe bias: {learned:.3f}"
+    assert _module().probe_bias(object()) == "probe bias: not a profiled policy"
