@@ -228,12 +228,17 @@ class AcceptanceBelief:
     def weight(self) -> float:
         return self.n + self.prior_n
 
+    def answers(self) -> tuple[float, float]:
+        """The answers' own mean rate and their variance around it (n > 0)."""
+        mean = self.total / self.n
+        return mean, max(self.squares / self.n - mean * mean, 0.0)
+
     def _precisions(self) -> tuple[float, float]:
         """The prior's precision and the answers' (1 / variance of the mean)."""
         prior = self.prior_n / max(self.prior_sd**2, _VARIANCE_FLOOR)
         if self.n <= 0:
             return prior, 0.0
-        own = max(self.squares - self.total * self.total / self.n, 0.0)
+        own = self.n * self.answers()[1]
         spread = (own + _SPREAD_PRIOR_WEIGHT * self.prior_sd**2) / (self.n + _SPREAD_PRIOR_WEIGHT)
         return prior, self.n / max(spread, _VARIANCE_FLOOR)
 
@@ -242,7 +247,7 @@ class AcceptanceBelief:
         prior, answers = self._precisions()
         if answers <= 0:
             return self.prior_mean
-        return (prior * self.prior_mean + answers * self.total / self.n) / (prior + answers)
+        return (prior * self.prior_mean + answers * self.answers()[0]) / (prior + answers)
 
     @property
     def sd(self) -> float:
@@ -464,8 +469,8 @@ class ProfiledPolicy:
         for (route, workload, level), b in self._beliefs.items():
             if level >= 0 or b.n < _BIAS_MIN_ANSWERS or not self._probed(route, workload):
                 continue
-            mean = b.total / b.n
-            spread = max(b.squares / b.n - mean * mean, _VARIANCE_FLOOR)
+            mean, spread = b.answers()
+            spread = max(spread, _VARIANCE_FLOOR)
             squares += (mean - b.prior_mean) ** 2 - spread / b.n
             keys += 1
             spreads += b.n * spread
@@ -950,7 +955,7 @@ class ProfiledPolicy:
         out: dict[Route, dict[Workload, tuple[float, float, float]]] = {}
         for (route, workload, level), b in self._beliefs.items():
             if level < 0 and b.n > 0 and self._probed(route, workload):
-                out.setdefault(route, {})[workload] = (b.prior_mean, b.total / b.n, b.n)
+                out.setdefault(route, {})[workload] = (b.prior_mean, b.answers()[0], b.n)
         return out
 
     @property

@@ -111,20 +111,25 @@ class Traffic:
         mean = self._mean(shares, "output_tokens") or 1.0
         out = {}
         for workload, share in shares.items():
-            kind = self.kinds.get(workload)
-            seen = kind.output_tokens / kind.answers if kind and kind.answers > 0 else mean
-            out[workload] = share * seen
+            seen = self._per_answer(workload, "output_tokens")
+            out[workload] = share * (mean if seen is None else seen)
         return out
 
     def _mean(self, shares: Mapping[Workload, float], what: str) -> float:
         weight = total = 0.0
         for workload, share in shares.items():
-            kind = self.kinds.get(workload)
-            if kind is None or kind.answers <= 0:
-                continue
-            weight += share
-            total += share * getattr(kind, what) / kind.answers
+            seen = self._per_answer(workload, what)
+            if seen is not None:
+                weight += share
+                total += share * seen
         return total / weight if weight > 0 else 0.0
+
+    def _per_answer(self, workload: Workload, what: str) -> float | None:
+        """A kind's mean prompt or output tokens; None before its first answer."""
+        kind = self.kinds.get(workload)
+        if kind is None or kind.answers <= 0:
+            return None
+        return float(getattr(kind, what)) / kind.answers
 
     def to_json(self) -> dict[str, object]:
         return {
