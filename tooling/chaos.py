@@ -707,7 +707,10 @@ def _wait_counts(s: Sent, timeline: Timeline, watch: Watch) -> bool:
     gateway held the other server down: a restarted server answers /health before the
     gateway's next probe readmits it, and a probe sent then met the one server carrying
     everything (on the emulator's measured H200, 40 running and a prefill wave: 6-7x a
-    50 ms first token, whichever router)."""
+    50 ms first token, whichever router). Nor a probe its server's saturation overtook:
+    sent before the saturation began, it was still waiting for its first token when 40
+    streams arrived beside it (on a busy 2-core run, 2.08x, sent at the saturation's
+    start, where no router could have known)."""
     return (
         s.kind == "probe"
         and s.ok
@@ -715,6 +718,16 @@ def _wait_counts(s: Sent, timeline: Timeline, watch: Watch) -> bool:
         and s.reason != "unhealthy-fallback"
         and watch.room_at(_other(s.route), s.started)
         and not timeline.hit("stall", s.route, s.started, s.ended)
+        and not overtaken(s, "saturate", timeline)
+    )
+
+
+def overtaken(s: Sent, name: str, timeline: Timeline) -> bool:
+    """An event `name` on the probe's route began after it was sent, before its first token."""
+    first = s.started + (s.ttft_s if s.ttft_s is not None else s.ended - s.started)
+    return any(
+        e.name == name and e.route == s.route and s.started < e.started <= first
+        for e in timeline.events
     )
 
 

@@ -22,7 +22,9 @@ Asserted as the issue states them:
   was sent (this run's poller of the emulators' engines). The probe prefills
   a ~1,500-token prompt, so a step boundary or a bigger batch moves its time
   to first token by tens of per cent, and a queue by multiples. Probes
-  answered by a backend stalled on purpose are not counted. Each event
+  answered by a backend stalled on purpose are not counted, nor a probe
+  whose server was saturated on purpose after it was sent and before its
+  first token (no router could have known). Each event
   starts once the gateway uses both backends again;
 - /health during the flood, timed from a process of its own while two
   others post 4 MB bodies as fast as they can. The issue asks for a p99 of
@@ -60,6 +62,7 @@ from tooling.chaos import (
     Action,
     Chaos,
     EmulatedBackend,
+    Event,
     Figures,
     Flood,
     Load,
@@ -70,6 +73,7 @@ from tooling.chaos import (
     flood_body,
     gateway_config,
     gateway_rotation,
+    overtaken,
     percentile,
     run_load,
     run_probes,
@@ -198,3 +202,19 @@ def _problems(figures: Figures, timeline: Timeline, flooded: Flood) -> list[str]
         out.append(f"the gateway itself failed {failed} of the flood's requests (5xx)")
     out += [f"event not as scripted: {e.note}" for e in timeline.events if "NOT" in e.note]
     return out
+
+
+def test_a_probe_its_server_saturation_overtook_is_not_judged() -> None:
+    """Sent to a server with room, then 40 streams arrived there before its first token:
+    no router could have known (CI's 2 cores: 2.08x, sent at the saturation's start)."""
+    timeline = Timeline(t0=0.0)
+    timeline.events.append(Event("saturate", BASE, started=10.0, ended=14.0))
+
+    def probe(started: float, ttft_s: float | None, route: Route = BASE) -> Sent:
+        return Sent("probe", True, started, started + 1.0, 200, route, ttft_s, "done")
+
+    assert overtaken(probe(9.95, 0.11), "saturate", timeline)
+    assert overtaken(probe(9.5, None), "saturate", timeline)  # no first token: its end
+    assert not overtaken(probe(9.5, 0.11), "saturate", timeline)  # its first token came first
+    assert not overtaken(probe(10.5, 0.11), "saturate", timeline)  # sent into it: the router's
+    assert not overtaken(probe(9.95, 0.11, SPEC), "saturate", timeline)  # another server's
