@@ -216,6 +216,12 @@ class Timeline:
             for e in self.events
         )
 
+    def began(self, name: str, route: Route, start: float, end: float) -> bool:
+        """An event `name` on `route` began within (start, end]."""
+        return any(
+            e.name == name and e.route == route and start < e.started <= end for e in self.events
+        )
+
     def during(self, name: str, t: float) -> bool:
         return any(e.name == name and e.started <= t <= e.ended for e in self.events)
 
@@ -718,17 +724,13 @@ def _wait_counts(s: Sent, timeline: Timeline, watch: Watch) -> bool:
         and s.reason != "unhealthy-fallback"
         and watch.room_at(_other(s.route), s.started)
         and not timeline.hit("stall", s.route, s.started, s.ended)
-        and not overtaken(s, "saturate", timeline)
+        and not timeline.began("saturate", s.route, s.started, first_token(s))
     )
 
 
-def overtaken(s: Sent, name: str, timeline: Timeline) -> bool:
-    """An event `name` on the probe's route began after it was sent, before its first token."""
-    first = s.started + (s.ttft_s if s.ttft_s is not None else s.ended - s.started)
-    return any(
-        e.name == name and e.route == s.route and s.started < e.started <= first
-        for e in timeline.events
-    )
+def first_token(s: Sent) -> float:
+    """When its first token came (its end where none did)."""
+    return s.started + (s.ttft_s if s.ttft_s is not None else s.ended - s.started)
 
 
 @dataclass(frozen=True, slots=True)

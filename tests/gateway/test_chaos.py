@@ -70,10 +70,10 @@ from tooling.chaos import (
     Timeline,
     Watch,
     figure_lines,
+    first_token,
     flood_body,
     gateway_config,
     gateway_rotation,
-    overtaken,
     percentile,
     run_load,
     run_probes,
@@ -210,11 +210,13 @@ def test_a_probe_its_server_saturation_overtook_is_not_judged() -> None:
     timeline = Timeline(t0=0.0)
     timeline.events.append(Event("saturate", BASE, started=10.0, ended=14.0))
 
-    def probe(started: float, ttft_s: float | None, route: Route = BASE) -> Sent:
-        return Sent("probe", True, started, started + 1.0, 200, route, ttft_s, "done")
+    def overtaken(started: float, ttft_s: float | None, route: Route = BASE) -> bool:
+        probe = Sent("probe", True, started, started + 1.0, 200, route, ttft_s, "done")
+        assert probe.route is not None
+        return timeline.began("saturate", probe.route, probe.started, first_token(probe))
 
-    assert overtaken(probe(9.95, 0.11), "saturate", timeline)
-    assert overtaken(probe(9.5, None), "saturate", timeline)  # no first token: its end
-    assert not overtaken(probe(9.5, 0.11), "saturate", timeline)  # its first token came first
-    assert not overtaken(probe(10.5, 0.11), "saturate", timeline)  # sent into it: the router's
-    assert not overtaken(probe(9.95, 0.11, SPEC), "saturate", timeline)  # another server's
+    assert overtaken(9.95, 0.11)
+    assert overtaken(9.5, None)  # no first token: its end
+    assert not overtaken(9.5, 0.11)  # its first token came first
+    assert not overtaken(10.5, 0.11)  # sent into it: the router's
+    assert not overtaken(9.95, 0.11, SPEC)  # another server's
