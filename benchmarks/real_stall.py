@@ -1,7 +1,7 @@
 """Real vLLM on 2 CPU cores: does a server answer while its neighbour is busy?
 
-    .venv/bin/python benchmarks/real_stall.py --start --k2-bind 1   # ngram-k2 pinned beside none
-    .venv/bin/python benchmarks/real_stall.py --start               # unpinned (the default)
+    .venv/bin/python benchmarks/real_stall.py --start --k2-bind 1   # pinned beside none (default)
+    .venv/bin/python benchmarks/real_stall.py --start --k2-bind nobind  # unpinned
     .venv/bin/python benchmarks/real_stall.py --probe URL --busy URL
 
 Why: the three-route tier failed in CI (2026-12-06) when the ngram-k2 server,
@@ -158,7 +158,7 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--start", action="store_true", help="start (and stop) the trio")
-    p.add_argument("--k2-bind", default="nobind", help="ngram-k2's core, or nobind (--start)")
+    p.add_argument("--k2-bind", default="1", help="ngram-k2's core, or nobind (--start)")
     p.add_argument("--probe", help="the probed server's URL (without --start)")
     p.add_argument("--busy", help="the busy neighbour's URL (without --start)")
     p.add_argument("--rounds", type=int, default=30)

