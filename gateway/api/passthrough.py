@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import posixpath
+import re
 import time
 from collections.abc import Sequence
 
@@ -54,9 +56,15 @@ class Fate(enum.StrEnum):
 
 ROUTED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 STORED_PATHS = ("/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel")
-# The gateway's own, whatever vLLM serves under the same name (its /metrics, /health).
+# The gateway's own, whatever vLLM serves under the same name (its /metrics, /health),
+# and what lies under them: vLLM answers /health/ and /v1/models/ with a redirect to its
+# own address, so those are the gateway's too (404), never forwarded.
 GATEWAY_PATHS = ("/health", "/ready", "/metrics", "/stats", "/openapi.json", "/v1/models")
 GATEWAY_PREFIXES = ("/ui", "/decide/")
+# vLLM mounts its Prometheus app on a bare prefix (`^/metrics(?P<path>.*)$`): /metricsX and
+# /metrics%2F would reach it past the gateway's metrics token. Of GATEWAY_PATHS only /metrics
+# is mounted so (the rest are exact routes); any path that starts with it is the gateway's.
+GATEWAY_STEMS = ("/metrics",)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 # vLLM's development and admin endpoints (VLLM_SERVER_DEV_MODE, the RL and weight
@@ -117,17 +125,35 @@ def fate_of(method: str, path: str) -> Fate:
     method = method.upper()
     if _is_stored(method, path):
         return Fate.STORED
-    if path in GATEWAY_PATHS or any(
-        path == p.rstrip("/") or path.startswith(p.rstrip("/") + "/") for p in GATEWAY_PREFIXES
-    ):
+    spellings = (path, _canonical(path))
+    if any(_reserved(p) for p in spellings):
         return Fate.GATEWAY
-    if path in OPERATOR_PATHS or any(
-        path == p.rstrip("/") or path.startswith(p.rstrip("/") + "/") for p in OPERATOR_PREFIXES
-    ):
+    if any(p in OPERATOR_PATHS or _under(p, OPERATOR_PREFIXES) for p in spellings):
         return Fate.FORBIDDEN
     if method in SAFE_METHODS or (method == "POST" and path in COMPUTE_PATHS):
         return Fate.PASSTHROUGH
     return Fate.FORBIDDEN
+
+
+def _under(path: str, prefixes: Sequence[str]) -> bool:
+    """`path` is one of `prefixes` or lies below one (a path segment, not a string prefix)."""
+    return any(path == p.rstrip("/") or path.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def _reserved(path: str) -> bool:
+    """The gateway's name space: its paths and what lies under them, and vLLM's stems."""
+    return _under(path, GATEWAY_PATHS + GATEWAY_PREFIXES) or path.startswith(GATEWAY_STEMS)
+
+
+def _own_route(path: str) -> bool:
+    """A path one of the gateway's routes serves, by some method (another one gets 405)."""
+    return path in ROUTED_PATHS or path in GATEWAY_PATHS or _under(path, GATEWAY_PREFIXES)
+
+
+def _canonical(path: str) -> str:
+    """The path as a server that merges slashes and resolves dot segments reads it:
+    //metrics or /x/../metrics is /metrics to whatever normalises on the way."""
+    return posixpath.normpath(re.sub(r"/{2,}", "/", path)) if path else path
 
 
 def _is_stored(method: str, path: str) -> bool:
@@ -156,6 +182,15 @@ async def handle(request: web.Request) -> web.StreamResponse:
             f"{request.method} {request.path} is not forwarded: the gateway passes on "
             "vLLM's application endpoints only, never its admin or development ones",
             code="forbidden_path",
+            headers={"X-Request-Id": request_id(request)},
+        )
+    if fate is Fate.GATEWAY and not _own_route(request.path):
+        # Under a gateway path or a spelling of one (/metrics/, /metrics%2F, //metrics): no
+        # route here serves it, and vLLM's must not see it (its /metrics would answer).
+        raise APIError(
+            404,
+            f"no route for {request.method} {request.path}: the gateway's own paths are "
+            "never forwarded",
             headers={"X-Request-Id": request_id(request)},
         )
     if fate is not Fate.PASSTHROUGH:

@@ -8,7 +8,9 @@ installed vLLM's own route table.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -85,6 +87,17 @@ def rest_gateway(
         ("POST", "/adapters", Fate.FORBIDDEN),
         ("DELETE", "/adapters/my-lora", Fate.FORBIDDEN),
         ("GET", "/fault_tolerance/status", Fate.FORBIDDEN),
+        # vLLM mounts /metrics on a bare prefix: every path that starts with it is ours.
+        ("GET", "/metrics/", Fate.GATEWAY),
+        ("GET", "/metricsX", Fate.GATEWAY),
+        ("GET", "/metrics/../v1/x", Fate.GATEWAY),
+        ("GET", "//metrics", Fate.GATEWAY),
+        ("GET", "/x/../metrics", Fate.GATEWAY),
+        ("GET", "/health/", Fate.GATEWAY),
+        ("GET", "/v1/models/x", Fate.GATEWAY),
+        ("GET", "/healthz", Fate.PASSTHROUGH),  # not under /health
+        ("GET", "//sleep", Fate.FORBIDDEN),
+        ("GET", "/x/../is_sleeping", Fate.FORBIDDEN),
     ],
 )
 def test_fate_of(method: str, path: str, fate: Fate) -> None:
@@ -251,3 +264,84 @@ async def test_a_client_disconnect_cancels_the_passed_through_request(
         assert (await resp.content.readline()).startswith(b"data: 0")
         resp.close()  # the client goes away mid-stream
         await asyncio.wait_for(base_rest.cancelled.wait(), timeout=2.0)
+
+
+# Spellings of the gateway's own paths that aiohttp's router does not send to its route:
+# each must get the gateway's 404, and the backend must never see it.
+GATEWAY_SPELLINGS = (
+    "/metrics/",
+    "/metricsX",
+    "/metrics%2F",
+    "/metrics%2fx",
+    "/metrics;x",
+    "/metrics/../v1/x",
+    "//metrics",
+    "/%2Fmetrics",
+    "/./metrics",
+    "/%2e/metrics",
+    "/x/../metrics",
+    "/health/",
+    "//health",
+    "/v1/models/",
+)
+
+
+@dataclass
+class RecordingUpstream:
+    """Answers every path as vLLM answers its /metrics mount, and records each request
+    that came from a client (the gateway's own probes and scrapes carry no X-Probe)."""
+
+    seen: list[str] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        async def answer(request: web.Request) -> web.Response:
+            if "X-Probe" in request.headers:
+                self.seen.append(request.raw_path)
+            return web.Response(text="vllm:num_requests_running 0\n")
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        return app
+
+
+async def _raw_get(port: int, target: str, headers: str = "") -> tuple[int, bytes]:
+    """GET `target` exactly as written (no client library normalises it); status, body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = f"GET {target} HTTP/1.1\r\nHost: gw\r\nX-Probe: 1\r\n{headers}Connection: close\r\n"
+    writer.write(head.encode() + b"\r\n")
+    answer = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+async def test_gateway_paths_in_any_spelling_never_reach_the_backend(
+    aiohttp_server: ServerFactory,
+    aiohttp_client: ClientFactory,
+    tokens: TokenCounter,
+    monkeypatch: Any,
+) -> None:
+    """Before: /metrics/, /metricsX and /metrics%2F went to the backend, whose /metrics
+    mount answered them past the gateway's metrics token."""
+    monkeypatch.setenv("SPECROUTE_TEST_METRICS_TOKEN", "scraper")
+    upstream = RecordingUpstream()
+    server = await aiohttp_server(upstream.app())
+    url = str(server.make_url(""))
+    config = make_config(url, url, auth={"metrics_token_env": "SPECROUTE_TEST_METRICS_TOKEN"})
+    gateway = await aiohttp_client(create_app(config, tokens=tokens))
+    port = gateway.port
+    assert port is not None
+    for target in GATEWAY_SPELLINGS:
+        status, body = await _raw_get(port, target)
+        assert status == 404, target
+        error = json.loads(body)["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "not_found_error"
+    # aiohttp decodes /%6detrics to /metrics: the gateway's own, behind its token.
+    assert (await _raw_get(port, "/%6detrics"))[0] == 401
+    status, body = await _raw_get(port, "/%6detrics", "Authorization: Bearer scraper\r\n")
+    assert status == 200 and b"specroute_" in body
+    assert upstream.seen == []
+    assert (await _raw_get(port, "/version"))[0] == 200  # passthrough itself still works
+    assert upstream.seen == ["/version"]
