@@ -44,13 +44,25 @@ class GuardsConfig:
             return self.spec_max_inflight
         return None if batch_priced else UNPRICED_SPEC_MAX_INFLIGHT
 
-    def reason(self, spec: BackendState, *, batch_priced: bool = False) -> str | None:
-        """The reason to spare the speculative server now (kv-pressure, spec-busy), or None."""
+    def reason(
+        self,
+        spec: BackendState,
+        *,
+        batch_priced: bool = False,
+        lightest_other: int | None = None,
+    ) -> str | None:
+        """The reason to spare the speculative server now (kv-pressure, spec-busy), or None.
+
+        `lightest_other`: the load of the least loaded server without speculation that
+        would answer instead. A busy speculative server is spared only for one that is
+        less loaded: moving a request to a busier server is never the lighter choice
+        (the chaos run sent a probe from 33 running to 34 and it waited 2.8x)."""
         if spec.kv_cache_usage is not None and spec.kv_cache_usage >= self.spec_max_kv_usage:
             return "kv-pressure"
         limit = self.max_inflight(batch_priced=batch_priced)
         if limit is not None and spec.load >= limit:
-            return "spec-busy"
+            if lightest_other is None or lightest_other < spec.load:
+                return "spec-busy"
         return None
 
 

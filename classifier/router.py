@@ -505,10 +505,16 @@ class ProfiledPolicy:
             "probe_bias_sd": round(self._probe_bias, 4),
         }
         priced = profile.source != "prior"
+        lightest = min((state.of(r).load for r in routes if r not in speculating), default=None)
         guards = {
             r: reason
             for r in speculating
-            if (reason := self._guards.reason(state.of(r), batch_priced=priced)) is not None
+            if (
+                reason := self._guards.reason(
+                    state.of(r), batch_priced=priced, lightest_other=lightest
+                )
+            )
+            is not None
         }
         allowed = [r for r in routes if r not in guards]
         # Per device (one with none said): a busy time-sliced one's batch belongs on one

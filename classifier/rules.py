@@ -143,16 +143,16 @@ class RulesPolicy(Unlearning):
         pair: int = 0,
         rng: random.Random | None = None,
     ) -> Decision:
-        route, reason = self._rules(features, state.of(self._spec))
+        route, reason = self._rules(features, state.of(self._spec), state.of(self._base).load)
         if not state.of(route).healthy:
             healthy = next((r for r in self._routes if state.of(r).healthy), None)
             if healthy is not None:
                 return Decision(healthy, "unhealthy-fallback")
         return Decision(route, reason)
 
-    def _rules(self, f: RequestFeatures, spec: BackendState) -> tuple[Route, str]:
+    def _rules(self, f: RequestFeatures, spec: BackendState, base_load: int) -> tuple[Route, str]:
         cfg = self._config
-        if (guard := self._guards.reason(spec)) is not None:
+        if (guard := self._guards.reason(spec, lightest_other=base_load)) is not None:
             return self._base, guard
         if f.workload is Workload.CREATIVE or f.temperature > self._creative:
             return self._base, "high-temperature"

@@ -27,10 +27,25 @@ STRUCTURED = RequestFeatures(
 )
 
 
-def reason(policy: str, spec: BackendState, **guards: object) -> str:
+def reason(
+    policy: str, spec: BackendState, base: BackendState | None = None, **guards: object
+) -> str:
     routing = {"policy": policy, "guards": guards}
     built = build_policy(parse_config({"backends": BACKENDS, "routing": routing}))
-    return built.decide(STRUCTURED, LiveState.pair(spec, BackendState())).reason
+    return built.decide(STRUCTURED, LiveState.pair(spec, base or BackendState())).reason
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("base_running", [33, 34, 60])
+def test_a_busy_speculative_server_is_not_spared_for_a_busier_one(
+    policy: str, base_running: int
+) -> None:
+    """The chaos run's failure: speculative 33 running, baseline 34, and the guard sent
+    the probe to the baseline, where it waited 2.8x its unloaded time."""
+    spec = BackendState(running=33, waiting=0, others=33)
+    base = BackendState(running=base_running, waiting=0, others=base_running)
+    assert reason(policy, spec, base) != "spec-busy"
+    assert reason(policy, spec, BackendState(running=32, others=32)) == "spec-busy"
 
 
 @pytest.mark.parametrize("policy", POLICIES)
