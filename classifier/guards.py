@@ -60,9 +60,9 @@ class GuardsConfig:
         if spec.kv_cache_usage is not None and spec.kv_cache_usage >= self.spec_max_kv_usage:
             return "kv-pressure"
         limit = self.max_inflight(batch_priced=batch_priced)
-        if limit is not None and spec.load >= limit:
-            if lightest_other is None or lightest_other < spec.load:
-                return "spec-busy"
+        lighter = lightest_other is None or lightest_other < spec.load
+        if limit is not None and spec.load >= limit and lighter:
+            return "spec-busy"
         return None
 
 
