@@ -33,7 +33,7 @@ from aiohttp import web
 
 from classifier.features import Endpoint, RequestFeatures
 from gateway.backends.pool import Upstream
-from gateway.errors import APIError, draining, request_id_of
+from gateway.errors import APIError, draining, request_id_of, sse_error_event
 from gateway.extproc import messages
 from gateway.extproc.pb import ext_proc_subset_pb2 as pb
 from gateway.outcomes.learning import predicted_header
@@ -47,8 +47,10 @@ from gateway.request.dispatch import (
 )
 from gateway.request.pipeline import analyse, ask_for_usage, live_state, route_override, settle
 from gateway.state import BACKENDS, BIG_BODIES, RNG, RUNTIME, SHADOWS, TOKENS
+from gateway.wire.failures import upstream_failure
 from gateway.wire.life import STREAM_RESET, RequestLife
-from gateway.wire.proxy import loads_object, read_chat_events, usage_in
+from gateway.wire.proxy import AnswerBounds, loads_object, read_chat_events, usage_in
+from gateway.wire.sse import EventCutter, EventTooLong
 from gateway.wire.tracing import forwarded
 
 ENDPOINT_HEADER = "x-gateway-destination-endpoint"
@@ -58,7 +60,7 @@ _BIG_BODY = 256 * 1024  # parsed in a worker thread, one at a time, as `serve` d
 _EVENT_END = b"\n\n"
 _FULL_DUPLEX = pb.ProcessingMode.FULL_DUPLEX_STREAMED
 _STREAMED_CHUNK = 62_000  # GIE's chunk size for streamed body mutations (Envoy's limit: 64 KiB)
-_RELAY_FAILURES = ("http_5xx", "upstream_error_event")
+_RELAY_FAILURES = ("http_5xx", "upstream_error_event", "upstream_malformed")
 
 
 class Mode(enum.StrEnum):
@@ -83,8 +85,8 @@ class PickerStream:
         self._body = bytearray()
         self._duplex_request = self._duplex_response = False
         self._strip = False
-        self._stream = False  # the answer is an SSE stream
-        self._pending = b""  # a stream's incomplete last event
+        self._events: EventCutter | None = None  # an SSE answer's events, cut as they pass
+        self._cut_off = False  # an event went over the bound: the rest is dropped
         self._whole = bytearray()  # a whole answer, read for its usage
         self._upstream: Upstream | None = None
         self._answer_headers: dict[str, str] = {}
@@ -260,7 +262,8 @@ class PickerStream:
         life.meter.status = int(status) if status.isdigit() else 0
         self._note_who_answered(life, message)
         kind = headers.get("content-type", "")
-        self._stream = life.meter.status == 200 and kind.startswith("text/event-stream")
+        if life.meter.status == 200 and kind.startswith("text/event-stream"):
+            self._events = EventCutter(AnswerBounds.of(self.snapshot.config).max_event_bytes)
         if life.failover_from is not None:
             self._answer_headers[FAILOVER_HEADER] = life.failover_from.value
         if message.response_headers.end_of_stream:
@@ -290,31 +293,48 @@ class PickerStream:
         life = self.life
         if life is None or self._ended:
             return self._pass_body(message.body, message.end_of_stream)
-        meter = life.meter
-        chunk = message.body
-        if not self._stream:
+        meter, chunk, end = life.meter, message.body, message.end_of_stream
+        if self._events is None:
             self._whole += chunk
             meter.bytes_sent += len(chunk)
-            if message.end_of_stream:
+            if end:
                 self._read_whole()
-            return self._pass_body(chunk, message.end_of_stream)
-        pending = self._pending + chunk
-        cut = pending.rfind(_EVENT_END)
-        out = b""
-        if cut >= 0:
-            complete, pending = pending[: cut + 2], pending[cut + 2 :]
-            out = read_chat_events(complete, meter, self._strip)
-        if message.end_of_stream:
-            out, pending = out + pending, b""
+            return self._pass_body(chunk, end)
+        out = self._read_events(self._events, chunk)
+        if end and out is not None and not self._cut_off:
+            out += self._events.rest()  # what came after the last whole event
+        meter.bytes_sent += len(chunk if out is None else out)
+        if end:
             self._answered()
-        self._pending = pending
-        if not self._strip:  # nothing cut: the bytes pass as Envoy has them
-            meter.bytes_sent += len(chunk)
-            return self._pass_body(chunk, message.end_of_stream)
-        meter.bytes_sent += len(out)
+        if out is None:  # nothing cut: the bytes pass as Envoy has them
+            return self._pass_body(chunk, end)
         if self._duplex_response:
-            return _streamed(out, request=False, end=message.end_of_stream)
+            return _streamed(out, request=False, end=end)
         return [messages.response_body_reply(messages.common(body=out))]
+
+    def _read_events(self, events: EventCutter, chunk: bytes) -> bytes | None:
+        """Read the events `chunk` completes; the bytes to send instead of it, or None
+        to let it pass. Each byte is looked at once (EventCutter): a stream without a
+        blank line costs its length, not its square. An event over the bound ends the
+        stream as the standalone gateway's relay ends it: the backend failed
+        (upstream_malformed), the client gets the error event, and nothing after it."""
+        assert self.life is not None
+        if self._cut_off:
+            return b""
+        meter = self.life.meter
+        try:
+            out = read_chat_events(events.feed(chunk), meter, self._strip)
+        except EventTooLong as exc:
+            self._cut_off = True
+            route = self.life.route.value if self.life.route is not None else "?"
+            failure = upstream_failure(exc, route, answered=True)
+            meter.fail(failure.kind)
+            error = sse_error_event(
+                f"backend stream interrupted: {failure.message}", code=failure.kind
+            )
+            # Unless stripping, the event's first bytes passed already: end it first.
+            return error if self._strip else _EVENT_END + error
+        return out if self._strip else None
 
     def _pass_body(self, chunk: bytes, end: bool) -> list[pb.ProcessingResponse]:
         """The chunk unchanged: CONTINUE, or (full duplex) the same bytes sent back."""
