@@ -172,6 +172,17 @@ class Metrics:
             registry=r,
         )
 
+        self.scrape_errors = Counter(
+            "specroute_scrape_errors",
+            "Scrapes of the server at url's /metrics that failed, and figures of a scrape "
+            "thrown away (then unknown), by kind: non_finite (NaN, Inf), negative, "
+            "out_of_range (running or waiting over 1e6, KV usage over 1), malformed (a line "
+            "that does not parse, or bad HTTP), too_large (a body over 16 MiB, dropped "
+            "unread), http_status (not 200), unreachable, timeout.",
+            ["route", "url", "kind"],
+            registry=r,
+        )
+
         self.acceptance = Histogram(
             "specroute_spec_acceptance_ratio",
             "Per-request accepted drafts per decode step / k on a speculative route, every "

@@ -5,6 +5,7 @@ GET and cancel, forwarded to the server that stored it; the backends' models."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -12,10 +13,14 @@ from aiohttp import web
 
 from classifier.features import Endpoint
 from gateway.api.passthrough import forward, targets_for
+from gateway.backends.scraper import read_limited
 from gateway.errors import APIError, draining
 from gateway.request.pipeline import generate
 from gateway.request.responses import owner_of
 from gateway.state import BACKENDS, RUNTIME, SESSION
+
+# A models list is a few KB; a longer answer is a bad one, and is not read to its end.
+MAX_MODELS_BYTES = 2**20
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -62,6 +67,8 @@ async def models(request: web.Request) -> web.Response:
 async def _get_models(
     session: aiohttp.ClientSession, base_url: str, headers: dict[str, str], timeout_s: float
 ) -> list[dict[str, Any]] | None:
+    """A backend's models, or None for any bad answer: not 200, too long, no JSON, JSON
+    too deep for the parser (a RecursionError, not a ValueError), no list of objects."""
     try:
         async with session.get(
             f"{base_url}/v1/models",
@@ -70,8 +77,9 @@ async def _get_models(
         ) as resp:
             if resp.status != 200:
                 return None
-            payload = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError):
+            body = await read_limited(resp, MAX_MODELS_BYTES)
+        payload = json.loads(body) if body is not None else None
+    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError):
         return None
     data = payload.get("data") if isinstance(payload, dict) else None
     return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else None

@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,12 +31,14 @@ from classifier.features import RequestFeatures, Workload
 from classifier.types import BackendState, LiveState, Route
 from gateway.backends.acceptance_sources import AcceptanceSources
 from gateway.backends.scraper import (
+    SCRAPE_ERRORS,
     Acceptance,
     Scrape,
     acceptance_between,
     fresh,
     scrape_once,
     sleep_until_next,
+    supervised,
 )
 from gateway.config import BackendConfig, Pairing, RouteConfig
 from gateway.telemetry import Metrics
@@ -263,6 +265,8 @@ class BackendPool:
             for upstream in backend.upstreams:
                 metrics.endpoint_up.labels(route.value, url_label(upstream.url)).set(1)
                 metrics.endpoint_ejections.labels(route.value, url_label(upstream.url))
+                for kind in SCRAPE_ERRORS:
+                    metrics.scrape_errors.labels(route.value, url_label(upstream.url), kind)
         for (
             pair
         ) in self.pairs:  # set by learning (gateway/outcomes/learning.py); NaN: not known yet
@@ -468,26 +472,36 @@ class BackendPool:
 
     async def scrape_all(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
         """Scrape every endpoint's /metrics once; keep the last good scrape."""
-        pairs = [(b, u) for b in self for u in b.upstreams]
-        results = await asyncio.gather(
-            *(scrape_once(session, u.url, b.headers, timeout_s) for b, u in pairs)
+        await asyncio.gather(
+            *(self._scrape(session, b, u, timeout_s) for b in self for u in b.upstreams)
         )
-        for (backend, upstream), scrape in zip(pairs, results, strict=True):
-            if scrape is None:
-                self._metrics.upstream_errors.labels(backend.route.value, "scrape").inc()
-                continue
-            if upstream.scrape is not None:
-                window = acceptance_between(upstream.scrape, scrape)
-                if window is not None:
-                    upstream.acceptance = window
-            self.sources.window(
-                backend.route, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
-            )
-            upstream.others_before = _others(upstream)
-            upstream.scrape = scrape
-            upstream.inflight_at_scrape = upstream.inflight
         for backend in self:
             self._export(backend)
+
+    async def _scrape(
+        self, session: aiohttp.ClientSession, backend: Backend, upstream: Upstream, timeout_s: float
+    ) -> None:
+        """Scrape one endpoint; a failed scrape, and each figure thrown away, is counted
+        by its kind, and the last good scrape stays (it goes stale, then unknown)."""
+        scrape = await scrape_once(session, upstream.url, backend.headers, timeout_s)
+        faults = [scrape] if isinstance(scrape, str) else scrape.problems
+        for kind in faults:
+            self._metrics.scrape_errors.labels(
+                backend.route.value, url_label(upstream.url), kind
+            ).inc()
+        if isinstance(scrape, str):
+            self._metrics.upstream_errors.labels(backend.route.value, "scrape").inc()
+            return
+        if upstream.scrape is not None:
+            window = acceptance_between(upstream.scrape, scrape)
+            if window is not None:
+                upstream.acceptance = window
+        self.sources.window(
+            backend.route, upstream.scrape, scrape, upstream.decode_log, upstream.inflight
+        )
+        upstream.others_before = _others(upstream)
+        upstream.scrape = scrape
+        upstream.inflight_at_scrape = upstream.inflight
 
     async def forget_own_load(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
         """Scrape again once the profiler's requests have ended, and drop the scrape
@@ -521,11 +535,34 @@ class BackendPool:
     async def run_scraper(
         self, session: aiohttp.ClientSession, interval_s: float, timeout_s: float
     ) -> None:
+        """One scraping loop per endpoint, each restarted (and logged) if it raises: a
+        slow or hostile server delays no other's scrapes and stops none for good."""
         self.sources.announce()
-        while True:
-            started = time.monotonic()
-            await self.scrape_all(session, timeout_s)
-            await sleep_until_next(interval_s, started)
+
+        def every_interval(backend: Backend, upstream: Upstream) -> Callable[[], Awaitable[None]]:
+            async def loop() -> None:
+                while True:
+                    started = time.monotonic()
+                    await self._scrape(session, backend, upstream, timeout_s)
+                    self._export(backend)
+                    await sleep_until_next(interval_s, started)
+
+            return loop
+
+        async with asyncio.TaskGroup() as group:
+            for backend in self:
+                for upstream in backend.upstreams:
+                    url = url_label(upstream.url)
+                    group.create_task(
+                        supervised(
+                            every_interval(backend, upstream),
+                            interval_s,
+                            task="scraper",
+                            route=backend.route.value,
+                            url=url,
+                        ),
+                        name=f"specroute-scraper-{backend.route.value}-{url}",
+                    )
 
     async def run_prober(
         self, session: aiohttp.ClientSession, interval_s: float, timeout_s: float

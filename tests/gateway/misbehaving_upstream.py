@@ -1,10 +1,12 @@
 """A backend that breaks HTTP and SSE the ways a sick server or a bad proxy does.
 
 aiohttp's own server would refuse to send most of this, so it is a raw asyncio
-server on 127.0.0.1. `/health` (and `/metrics`) always answer 200, as a wedged vLLM's
-do: only the traffic shows the fault. Every other request (generation or passthrough) is
-answered by the current `Behaviour`. Each connection serves one request and
-closes, so the gateway's pool never hands a test a connection left from another.
+server on 127.0.0.1. `/health`, `/metrics` and `/v1/models` always answer 200, as a
+wedged vLLM's do: only the traffic shows the fault. `/metrics` answers `metrics` (empty:
+no figures) or a body without end, `/v1/models` answers `models`. Every other request
+(generation or passthrough) is answered by the current `Behaviour`. Each
+connection serves one request and closes, so the gateway's pool never hands a test a
+connection left from another.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ _UNPARSABLE = {
 }
 MALFORMED = tuple(_UNPARSABLE)
 
+# What a server's GET /v1/models answers (the model the tests ask for), and a hostile
+# one's: valid JSON 100,000 levels deep (json.loads raises RecursionError, no ValueError).
+MODELS = b'{"object": "list", "data": [{"id": "fake-model", "object": "model"}]}'
+DEEP_MODELS = b'{"object": "list", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+_ENDLESS_METRICS = b'vllm:num_requests_running{engine="0"} 1\n' * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Received:
@@ -70,7 +78,11 @@ class MisbehavingUpstream:
     name: str
     behaviour: Behaviour = Behaviour.OK
     drip_s: float = 0.02
-    received: list[Received] = field(default_factory=list)  # all but /health, /metrics
+    metrics: bytes = b""  # what /metrics answers
+    endless_metrics: bool = False  # /metrics sends good lines until the gateway hangs up
+    metrics_sent: int = 0  # bytes of /metrics bodies sent
+    models: bytes = MODELS  # what GET /v1/models answers
+    received: list[Received] = field(default_factory=list)  # all but those three
     _server: asyncio.Server | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)  # what "for ever" waits on
     _serving: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -100,8 +112,13 @@ class MisbehavingUpstream:
             request = await _read_request(reader)
             if request is None:
                 return
-            if request.path in ("/health", "/metrics"):  # an empty scrape: no figures
+            if request.path == "/health":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            elif request.path == "/metrics":
+                await self._metrics(writer)
+            elif request.path == "/v1/models" and request.method == "GET":
+                length = f"Content-Length: {len(self.models)}"
+                writer.write(_head("application/json", length) + self.models)
             else:
                 self.received.append(request)
                 await self._answer(writer, bool(_STREAM.search(request.body)))
@@ -111,6 +128,19 @@ class MisbehavingUpstream:
         finally:
             self._serving.discard(task)
             writer.close()
+
+    async def _metrics(self, writer: asyncio.StreamWriter) -> None:
+        content_type = "text/plain; version=0.0.4; charset=utf-8"
+        if not self.endless_metrics:
+            writer.write(_head(content_type, f"Content-Length: {len(self.metrics)}") + self.metrics)
+            self.metrics_sent += len(self.metrics)
+            return
+        writer.write(_head(content_type, "Transfer-Encoding: chunked"))
+        piece = _chunk(_ENDLESS_METRICS)
+        while not self._closing.is_set():  # until the gateway gives up and hangs up
+            writer.write(piece)
+            self.metrics_sent += len(_ENDLESS_METRICS)
+            await writer.drain()
 
     async def _answer(self, writer: asyncio.StreamWriter, stream: bool) -> None:
         b = self.behaviour

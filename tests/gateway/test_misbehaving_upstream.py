@@ -7,6 +7,11 @@ backend's failure. Before any byte reached the client it is failed over like a
 refused connection or a 5xx; after, the stream ends with an error event and
 [DONE]. Either way it is counted in specroute_upstream_errors_total with its kind,
 and counts towards ejecting that backend.
+
+A hostile /metrics (figures NaN, infinite, negative or out of range, a line that does
+not parse, a body without end) or /v1/models (JSON too deep to parse) never takes
+routing down: the bad figure is unknown and counted in specroute_scrape_errors_total,
+the scrape loop goes on, and the other backend's models answer.
 """
 
 from __future__ import annotations
@@ -24,9 +29,16 @@ from aiohttp.test_utils import TestClient
 from classifier.tokens import TokenCounter
 from classifier.types import Route
 from gateway.app import create_app
+from gateway.backends.scraper import MAX_BODY_BYTES
 from gateway.state import BACKENDS
 from tests.gateway.conftest import ClientFactory, RawUpstreams, make_config
-from tests.gateway.misbehaving_upstream import MALFORMED, Behaviour, events
+from tests.gateway.misbehaving_upstream import (
+    DEEP_MODELS,
+    MALFORMED,
+    Behaviour,
+    MisbehavingUpstream,
+    events,
+)
 from tests.gateway.test_observability import samples
 from tests.gateway.test_routing import chat
 from tests.support import wait_until
@@ -44,7 +56,7 @@ async def gateway(
     aiohttp_client: ClientFactory, raw_upstreams: RawUpstreams, tokens: TokenCounter
 ) -> Client:
     spec, base = raw_upstreams
-    upstream = {"read_timeout_s": READ_TIMEOUT_S, "eject_after_failures": 100}
+    upstream: dict[str, object] = {"read_timeout_s": READ_TIMEOUT_S, "eject_after_failures": 100}
     config = make_config(spec.url, base.url, upstream=upstream)
     return await aiohttp_client(create_app(config, tokens=tokens))
 
@@ -245,7 +257,7 @@ async def test_a_wedged_backend_is_ejected_though_it_answers_health(
     failures, and every request sent there waited out the read timeout, for ever."""
     spec, base = raw_upstreams
     spec.behaviour = Behaviour.SILENCE
-    upstream = {
+    upstream: dict[str, object] = {
         "read_timeout_s": READ_TIMEOUT_S,
         "health_interval_s": 0.05,
         "eject_after_failures": 3,
@@ -270,3 +282,118 @@ async def test_a_wedged_backend_is_ejected_though_it_answers_health(
     resp = await gateway.post("/v1/chat/completions", json=chat("hi"), headers=SPEC)
     assert (resp.status, resp.headers["x-specroute-route"]) == (504, "speculative")
     assert not wedged.healthy
+
+
+async def scraping_gateway(
+    aiohttp_client: ClientFactory,
+    raw_upstreams: RawUpstreams,
+    tokens: TokenCounter,
+    **upstream: object,
+) -> Client:
+    """A gateway that scrapes every 50 ms unless told otherwise."""
+    spec, base = raw_upstreams
+    settings = {"scrape_interval_s": 0.05, "eject_after_failures": 100, **upstream}
+    config = make_config(spec.url, base.url, upstream=settings)
+    return await aiohttp_client(create_app(config, tokens=tokens))
+
+
+async def scrape_errors(gateway: Client, upstream: MisbehavingUpstream) -> dict[str, float]:
+    """specroute_scrape_errors_total of one server, by kind (the nonzero ones)."""
+    m = samples(await (await gateway.get("/metrics")).text())
+    return {
+        dict(k)["kind"]: v
+        for (name, k), v in m.items()
+        if name == "specroute_scrape_errors_total" and dict(k)["url"] == upstream.url and v
+    }
+
+
+GOOD_LINES = b'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
+HOSTILE_FIGURES = {
+    "nan": (b'vllm:num_requests_running{engine="0"} NaN\n', "non_finite"),
+    "inf": (b'vllm:num_requests_running{engine="0"} +Inf\n', "non_finite"),
+    "minus_inf": (b'vllm:num_requests_running{engine="0"} -Inf\n', "non_finite"),
+    "negative": (b'vllm:num_requests_running{engine="0"} -3\n', "negative"),
+    "kv_over_1": (b'vllm:kv_cache_usage_perc{engine="0"} 1.5\n', "out_of_range"),
+    # Each engine's figure within bounds, their sum not.
+    "sum_too_big": (b'vllm:num_requests_running{engine="0"} 6e5\n' * 2, "out_of_range"),
+    "unclosed_brace": (b'vllm:num_requests_running{engine="0" 3\n', "malformed"),
+}
+
+
+@pytest.mark.parametrize(("line", "kind"), HOSTILE_FIGURES.values(), ids=list(HOSTILE_FIGURES))
+async def test_a_hostile_figure_is_unknown_and_counted_and_routing_goes_on(
+    aiohttp_client: ClientFactory,
+    raw_upstreams: RawUpstreams,
+    tokens: TokenCounter,
+    line: bytes,
+    kind: str,
+) -> None:
+    """Before: every routed request and /stats answered 500 (int(NaN) in the live
+    state), and the one scraper task died silently. Now the figure is unknown, the
+    scrape's other figures are kept, and every scrape counts its fault again."""
+    spec, base = raw_upstreams
+    spec.metrics = GOOD_LINES + line
+    gateway = await scraping_gateway(aiohttp_client, raw_upstreams, tokens)
+    first = await wait_until(lambda: scrape_errors(gateway, spec), "the fault counted")
+    assert list(first) == [kind]
+    # Counted again by the scrapes that follow: the loop outlived the bad one.
+    await wait_until(lambda: _more(gateway, spec, first), "the scrapes that follow counted too")
+    assert await scrape_errors(gateway, base) == {}
+    # The last scrape itself: the live state's figures go stale 3 intervals (150 ms) on.
+    scrape = gateway.app[BACKENDS].of(Route.SPECULATIVE).upstreams[0].scrape
+    assert scrape is not None
+    assert scrape.waiting == 2  # the good figure of the same scrape
+    assert scrape.running is None and scrape.kv_usage is None
+    for headers in ({}, SPEC):
+        resp = await gateway.post("/v1/chat/completions", json=chat("hi"), headers=headers)
+        assert resp.status == 200, await resp.text()
+    assert (await gateway.get("/stats")).status == 200
+
+
+async def _more(gateway: Client, upstream: MisbehavingUpstream, than: dict[str, float]) -> bool:
+    now = await scrape_errors(gateway, upstream)
+    return all(now.get(kind, 0) > n for kind, n in than.items())
+
+
+async def test_an_endless_metrics_body_is_dropped_unread_past_its_bound(
+    aiohttp_client: ClientFactory, raw_upstreams: RawUpstreams, tokens: TokenCounter
+) -> None:
+    """Before: the body was read whole (resp.text()), and the gateway's memory grew from
+    85 MB to 1.2 GB in 12 s. Now the scrape ends as too_large once past the bound, the
+    connection closed, and requests are routed meanwhile."""
+    spec, base = raw_upstreams
+    spec.endless_metrics = True
+    base.metrics = GOOD_LINES
+    # One scrape at start; a timeout far off, so only the bound can end it.
+    gateway = await scraping_gateway(
+        aiohttp_client, raw_upstreams, tokens, scrape_interval_s=60.0, health_timeout_s=30.0
+    )
+    started = time.monotonic()
+    resp = await gateway.post("/v1/chat/completions", json=chat("hi"))
+    assert resp.status == 200
+    assert await wait_until(
+        lambda: scrape_errors(gateway, spec), "the body dropped", timeout_s=10
+    ) == {"too_large": 1}
+    assert time.monotonic() - started < 10
+    sent = spec.metrics_sent
+    assert MAX_BODY_BYTES < sent < 2 * MAX_BODY_BYTES  # the rest never read...
+    await asyncio.sleep(0.3)
+    assert spec.metrics_sent == sent  # ...and the connection closed
+    assert gateway.app[BACKENDS].live_state().of(Route.BASELINE).waiting == 2
+    assert await scrape_errors(gateway, base) == {}
+
+
+async def test_models_skip_a_backend_whose_answer_is_too_deep_to_parse(
+    gateway: Client, raw_upstreams: RawUpstreams
+) -> None:
+    """Before: json.loads' RecursionError (no ValueError) was a 500, though the other
+    backend answered well."""
+    spec, base = raw_upstreams
+    spec.models = DEEP_MODELS
+    resp = await gateway.get("/v1/models")
+    assert resp.status == 200
+    assert [m["id"] for m in (await resp.json())["data"]] == ["fake-model"]
+    base.models = DEEP_MODELS
+    resp = await gateway.get("/v1/models")
+    assert resp.status == 502
+    assert (await resp.json())["error"]["code"] == "upstream_unavailable"
