@@ -48,6 +48,9 @@ class ServerConfig:
     # A client must finish sending its body within this time (else 408).
     # Slow header reads are the front proxy's job (nginx, envoy, the LB).
     body_read_timeout_s: float = 30.0
+    # A write to a client that makes no progress for this long (it stopped reading)
+    # ends its answer: the backend's slot is freed and its request cancelled.
+    send_timeout_s: float = 30.0
     # On SIGTERM: /ready turns 503 and new requests are refused; in-flight
     # answers get this long to finish before they are cancelled.
     drain_s: float = 30.0
@@ -293,6 +296,7 @@ _POSITIVE: dict[type[Any], tuple[str, ...]] = {
         "port",
         "max_body_bytes",
         "body_read_timeout_s",
+        "send_timeout_s",
         "drain_s",
         "keepalive_s",
         "big_body_mb_s",

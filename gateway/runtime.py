@@ -28,6 +28,7 @@ RELOADABLE = (
     # read from the request's snapshot (drain_s when the drain starts)
     "server.allow_route_override",
     "server.body_read_timeout_s",
+    "server.send_timeout_s",
     "server.drain_s",
     "upstream.connect_timeout_s",
     "upstream.read_timeout_s",

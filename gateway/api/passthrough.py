@@ -26,7 +26,7 @@ import enum
 import posixpath
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 import aiohttp
 import structlog
@@ -40,6 +40,7 @@ from gateway.outcomes.accounting import NO_ROUTE
 from gateway.request.dispatch import ROUTE_HEADER, note_failure
 from gateway.state import BACKENDS, RUNTIME, SESSION
 from gateway.wire.failures import UPSTREAM_ERRORS, upstream_failure
+from gateway.wire.limits import ClientStuck, hang_up, send_within
 from gateway.wire.tracing import TRACING, carried, log_fields, passthrough_call
 
 log = structlog.get_logger("specroute.passthrough")
@@ -273,7 +274,9 @@ async def forward(
                 status, answered_by = upstream_response.status, route
                 call.answered(status)
                 try:
-                    return await _relay(request, upstream_response, (backend, upstream))
+                    target = (backend, upstream)
+                    send_timeout_s = config.server.send_timeout_s
+                    return await _relay(request, upstream_response, target, send_timeout_s)
                 finally:
                     upstream_response.close()
         raise APIError(502, "no backend to forward it to", code="upstream_unavailable")
@@ -328,9 +331,11 @@ async def _relay(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     target: tuple[Backend, Upstream],
+    send_timeout_s: float,
 ) -> web.StreamResponse:
     """The backend's status, headers and bytes as they come; a body cut short is cut
-    short for the client too (the connection closes: a clean end would lie)."""
+    short for the client too (the connection closes: a clean end would lie). A client
+    that takes no bytes for send_timeout_s is hung up on (gateway/wire/limits.py)."""
     dropped = _HOP_BY_HOP | _named_in_connection(upstream.headers)
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     for key, value in upstream.headers.items():
@@ -340,9 +345,7 @@ async def _relay(
     await response.prepare(request)
     try:
         async for data in upstream.content.iter_any():
-            try:
-                await response.write(data)
-            except ConnectionResetError:  # the client went away
+            if not await _sent(request, response.write(data), send_timeout_s):
                 return response
     except UPSTREAM_ERRORS as exc:
         backend, endpoint = target
@@ -352,5 +355,18 @@ async def _relay(
         if request.transport is not None:
             request.transport.close()
         return response
-    await response.write_eof()
+    await _sent(request, response.write_eof(), send_timeout_s)
     return response
+
+
+async def _sent(request: web.Request, write: Awaitable[object], timeout_s: float) -> bool:
+    """One write to the client; False when it went away or was hung up on (stuck)."""
+    try:
+        await send_within(write, timeout_s)
+    except ConnectionResetError:
+        return False
+    except ClientStuck:
+        log.info("client_send_timeout", path=request.path, timeout_s=timeout_s)
+        hang_up(request)
+        return False
+    return True

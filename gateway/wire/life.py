@@ -20,6 +20,9 @@ from classifier.types import Decision, LiveState, Route
 from gateway.wire.acceptance import MeasuredAcceptance, measured_acceptance, reports_spec_metrics
 
 CLIENT_DISCONNECT = "client_disconnect"
+# The client stopped reading: no write made progress for server.send_timeout_s, so the
+# gateway hung up (gateway/wire/limits.py). Counted as a disconnect, logged as itself.
+CLIENT_SEND_TIMEOUT = "client_send_timeout"
 # Envoy ended the picker's stream before the answer ended (gateway/extproc): the
 # client went away or the backend broke the answer, and Envoy does not say which.
 STREAM_RESET = "stream_reset"
@@ -243,6 +246,8 @@ class Lesson:
 def _status_label(meter: Meter) -> str:
     if meter.error_kind in (CLIENT_DISCONNECT, STREAM_RESET):
         return meter.error_kind
+    if meter.error_kind == CLIENT_SEND_TIMEOUT:
+        return CLIENT_DISCONNECT
     if meter.error_kind in _STREAM_FAILURES and meter.status == 200:
         return "stream_error"
     if meter.status == 0:

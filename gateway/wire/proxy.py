@@ -5,7 +5,9 @@ drop is the usage-only chunk it asked for itself (the client did not ask for
 usage, the gateway needs it to measure); every other SSE event reaches the
 client byte for byte (framed with LF, as vLLM frames them, if a backend used CRLF).
 A client that goes away cancels the handler, which closes the upstream connection:
-vLLM then aborts the generation instead of computing tokens nobody will read.
+vLLM then aborts the generation instead of computing tokens nobody will read. A client
+that stays but stops reading is hung up on after server.send_timeout_s without progress
+(gateway/wire/limits.py), which ends the same way.
 
 Whatever a backend does wrong (refuses, stalls, drips, cuts the answer, sends what
 no parser takes, ends a stream early) is one UpstreamFailure, classed by
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +38,8 @@ from gateway.wire.failures import (
     drained,
     upstream_failure,
 )
-from gateway.wire.life import CLIENT_DISCONNECT, UPSTREAM_ERROR_EVENT, Meter
+from gateway.wire.life import CLIENT_DISCONNECT, CLIENT_SEND_TIMEOUT, UPSTREAM_ERROR_EVENT, Meter
+from gateway.wire.limits import ClientStuck, hang_up, send_within
 from gateway.wire.relays import is_drain
 from gateway.wire.sse import EventCutter
 from gateway.wire.tracing import TRACE_HEADERS
@@ -58,6 +61,9 @@ _PASSED_RESPONSE_HEADERS = ("Content-Type", "Content-Encoding")
 # aiohttp sends a bytes body in one write (and warns past 1 MiB); larger ones go
 # from a BytesIO in chunks, so one big body does not hold the event loop.
 _RAW_BODY_MAX = 1024 * 1024
+# A whole answer goes to the client in pieces of aiohttp's write buffer size, so the send
+# timeout bounds each piece's progress, not the whole answer's time on a slow link.
+_WHOLE_PIECE = 64 * 1024
 
 log = structlog.get_logger("specroute.proxy")
 
@@ -89,14 +95,18 @@ class AnswerBounds:
     events vLLM sends repeat the prompt (a completions echo, prompt logprobs), so the
     bound follows the biggest body the gateway admits: four times server.max_body_bytes
     (16 MiB by default), room for JSON's escapes.
+
+    send_timeout_s bounds how long one write may wait on a client that does not read.
     """
 
     read_timeout_s: float
     max_event_bytes: int
+    send_timeout_s: float
 
     @classmethod
     def of(cls, config: Config) -> AnswerBounds:
-        return cls(config.upstream.read_timeout_s, 4 * config.server.max_body_bytes)
+        server = config.server
+        return cls(config.upstream.read_timeout_s, 4 * server.max_body_bytes, server.send_timeout_s)
 
 
 async def open_upstream(
@@ -189,13 +199,10 @@ async def _relay_whole(
     headers = dict(how.headers)
     headers["Content-Type"] = "application/json"
     headers.update({k: v for k in _PASSED_RESPONSE_HEADERS if (v := upstream.headers.get(k))})
-    response = web.Response(status=upstream.status, body=payload, headers=headers)
+    response = web.StreamResponse(status=upstream.status, headers=headers)
+    response.content_length = len(payload)
     # Send it now: the parsing and accounting below are ours, not the client's, to wait for.
-    try:
-        await response.prepare(request)
-        await response.write_eof()
-    except ConnectionResetError:
-        meter.fail(CLIENT_DISCONNECT)
+    await _to_client(request, meter, _send_whole(request, response, payload, how))
     meter.finish()
     meter.bytes_sent = len(payload)
     if upstream.status == 200 and upstream.content_type == "application/json":
@@ -219,30 +226,55 @@ async def _relay_stream(
         response.headers["Content-Encoding"] = encoding
     meter.status = 200
     await response.prepare(request)
+    await _to_client(request, meter, _stream(upstream, response, meter, how))
+    meter.finish()
+    return response
+
+
+async def _stream(
+    upstream: aiohttp.ClientResponse, response: web.StreamResponse, meter: Meter, how: Relay
+) -> None:
+    """The events, then the end of the body; a failure after the status is an error event."""
+    timeout_s = how.bounds.send_timeout_s
     try:
-        if encoding == "identity":
+        if response.headers.get("Content-Encoding", "identity") == "identity":
             await _relay_events(upstream, response, meter, how)
         else:  # compressed anyway: relayed as it comes, unread
             async for data in upstream.content.iter_any():
-                await _send(response, meter, data)
-    except _ClientGone:
-        meter.fail(CLIENT_DISCONNECT)
-        meter.finish()
-        return response
+                await _send(response, meter, data, timeout_s)
     except asyncio.CancelledError as exc:
         if not is_drain(exc):
             raise
         _uncancel()
-        await _end_stream_with_error(response, meter, "drained", "the gateway is shutting down")
+        why = "the gateway is shutting down"
+        await _end_stream_with_error(response, meter, "drained", why, timeout_s)
     except UPSTREAM_ERRORS as exc:
         failure = upstream_failure(exc, how.name, answered=True)
-        await _end_stream_with_error(response, meter, failure.kind, failure.message)
+        await _end_stream_with_error(response, meter, failure.kind, failure.message, timeout_s)
     meter.finish()
+    await _write(response.write_eof(), timeout_s)  # the client may be gone by now too
+
+
+async def _send_whole(
+    request: web.Request, response: web.StreamResponse, payload: bytes, how: Relay
+) -> None:
+    timeout_s = how.bounds.send_timeout_s
+    await _write(response.prepare(request), timeout_s)
+    view = memoryview(payload)
+    for start in range(0, len(payload), _WHOLE_PIECE):
+        await _write(response.write(view[start : start + _WHOLE_PIECE]), timeout_s)
+    await _write(response.write_eof(), timeout_s)
+
+
+async def _to_client(request: web.Request, meter: Meter, sending: Awaitable[None]) -> None:
+    """Run what writes the answer; a client gone, or stuck (hung up on), ends it."""
     try:
-        await response.write_eof()
-    except ConnectionResetError:  # gone between the last event and the end of the body
+        await sending
+    except _ClientGone:
         meter.fail(CLIENT_DISCONNECT)
-    return response
+    except ClientStuck:
+        meter.fail(CLIENT_SEND_TIMEOUT)
+        hang_up(request)
 
 
 async def _relay_events(
@@ -257,7 +289,7 @@ async def _relay_events(
         complete = events.feed(data)
         if complete:
             due = None
-            await _send(response, meter, read_events(complete, meter, strip))
+            await _send(response, meter, read_events(complete, meter, strip), bounds.send_timeout_s)
         if events.pending:
             if due is None:
                 due = clock() + bounds.read_timeout_s
@@ -268,7 +300,7 @@ async def _relay_events(
         # Cut short, however cleanly: what came after the last whole event is not
         # relayed, since the error event that follows would run into it.
         raise BadAnswer("upstream_truncated", "ended the stream before its last event")
-    await _send(response, meter, events.rest())
+    await _send(response, meter, events.rest(), bounds.send_timeout_s)
 
 
 def _uncancel() -> None:
@@ -279,17 +311,23 @@ def _uncancel() -> None:
 
 
 class _ClientGone(Exception):
-    """The client closed its connection while we were writing to it."""
+    """The client closed its connection while we were writing to it (not an OSError, so
+    that no except for a backend's failures takes it)."""
 
 
-async def _send(response: web.StreamResponse, meter: Meter, data: bytes) -> None:
+async def _send(response: web.StreamResponse, meter: Meter, data: bytes, timeout_s: float) -> None:
     if not data:
         return
+    await _write(response.write(data), timeout_s)
+    meter.bytes_sent += len(data)
+
+
+async def _write(write: Awaitable[object], timeout_s: float) -> None:
+    """One write to the client: raises _ClientGone, or ClientStuck (gateway/wire/limits.py)."""
     try:
-        await response.write(data)
+        await send_within(write, timeout_s)
     except ConnectionResetError:
         raise _ClientGone from None
-    meter.bytes_sent += len(data)
 
 
 def read_chat_events(chunk: bytes, meter: Meter, strip_usage_chunk: bool) -> bytes:
@@ -368,14 +406,11 @@ def has_token(chunk: dict[str, Any]) -> bool:
 
 
 async def _end_stream_with_error(
-    response: web.StreamResponse, meter: Meter, kind: str, why: str
+    response: web.StreamResponse, meter: Meter, kind: str, why: str, timeout_s: float
 ) -> None:
     meter.fail(kind)  # the status stays 200: it was sent already
     event = sse_error_event(f"backend stream interrupted: {why}", code=kind)
-    try:
-        await response.write(event)
-    except ConnectionResetError:
-        meter.fail(CLIENT_DISCONNECT)
+    await _write(response.write(event), timeout_s)
 
 
 def _fail(
