@@ -58,8 +58,8 @@ class Fate(enum.StrEnum):
 ROUTED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 STORED_PATHS = ("/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel")
 # The gateway's own, whatever vLLM serves under the same name (its /metrics, /health),
-# and what lies under them: vLLM answers /health/ and /v1/models/ with a redirect to its
-# own address, so those are the gateway's too (404), never forwarded.
+# and what lies under them: vLLM (Starlette's redirect_slashes) answers /health/ and
+# /v1/models/ with a 307 built from the Host it was sent, the backend's own address.
 GATEWAY_PATHS = ("/health", "/ready", "/metrics", "/stats", "/openapi.json", "/v1/models")
 GATEWAY_PREFIXES = ("/ui", "/decide/")
 # vLLM mounts its Prometheus app on a bare prefix (`^/metrics(?P<path>.*)$`): /metricsX and

@@ -2,10 +2,12 @@
 a send timeout for an answer it does not read.
 
 Send timeout: aiohttp's write returns at once while the bytes the socket has not taken
-stay under 64 KiB, and past that waits until the client has read them down. A client that stops
-reading makes that wait endless, and with it the backend's slot and its generation
-(nginx's send_timeout, Envoy's stream idle timeout bound the same wait). So each write
-gets `server.send_timeout_s` to make progress; past it the proxy hangs up.
+stay under asyncio's high-water mark (64 KiB), and past it waits until the client has
+read them down to the low one (16 KiB). A client that stops reading makes that wait
+endless, and with it the backend's slot and its generation (nginx's send_timeout and
+Envoy's stream idle timeout bound the same wait). So each write gets
+`server.send_timeout_s` to make progress; past it the proxy hangs up. A client that keeps
+up with a generation never waits; one that takes under 48 KiB in 30 s is cut.
 
 Byte rate: reading, parsing and forwarding a 4 MB body costs the gateway ~15 ms of CPU; two
 clients posting them as fast as they can kept a 2-core host busy enough to slow
