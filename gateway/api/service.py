@@ -7,6 +7,7 @@ import importlib.resources
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway.backends.models import readiness_problem, served
 from gateway.errors import error_response
 from gateway.state import BACKENDS, METRICS, RUNTIME, SESSION
 
@@ -27,6 +28,10 @@ async def ready(request: web.Request) -> web.Response:
     backends = {b.route.value: b.healthy for b in pool}
     if not any(b.healthy or b.reachable for b in pool):
         return error_response(503, f"no backend is healthy: {backends}", code="not_ready")
+    # Routes that serve no model in common cannot stand in for each other, and a request
+    # for a model one lacks can go to the other only (gateway/backends/models.py).
+    if (problem := readiness_problem(pool)) is not None:
+        return error_response(503, problem, code="not_ready")
     # Whether the speculative server sends per-request metrics (null until a
     # speculative answer says), and so where the router's acceptance comes from.
     sources = pool.sources
@@ -34,6 +39,9 @@ async def ready(request: web.Request) -> web.Response:
         {
             "status": "ready",
             "backends": backends,
+            "models": {
+                b.route.value: sorted(m) if (m := served(b)) is not None else None for b in pool
+            },
             "per_request_metrics": sources.per_request_metrics,
             "acceptance_source": sources.in_use,
         }

@@ -5,22 +5,17 @@ GET and cancel, forwarded to the server that stored it; the backends' models."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from classifier.features import Endpoint
 from gateway.api.passthrough import forward, targets_for
-from gateway.backends.scraper import read_limited
+from gateway.backends.models import model_cards, routes_serving
 from gateway.errors import APIError, draining
 from gateway.request.pipeline import generate
 from gateway.request.responses import owner_of
 from gateway.state import BACKENDS, RUNTIME, SESSION
-
-# A models list is a few KB; a longer answer is a bad one, and is not read to its end.
-MAX_MODELS_BYTES = 2**20
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -45,7 +40,10 @@ async def stored(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    """The union of the backends' models (they normally serve the same one)."""
+    """The union of the backends' models (they normally serve the same one), each with
+    the routes that serve it (`specroute_routes`: those where every server that answered
+    lists it): a model some route lacks is sent to the others only, one no route
+    serves whole is a 404 (gateway/backends/models.py)."""
     app = request.app
     if app[RUNTIME].draining:
         raise draining()
@@ -53,33 +51,17 @@ async def models(request: web.Request) -> web.Response:
     timeout = app[RUNTIME].current.config.upstream.health_timeout_s
     urls = [(b, u.url) for b in app[BACKENDS] for u in b.upstreams]
     answers = await asyncio.gather(
-        *(_get_models(session, url, b.headers, timeout) for b, url in urls)
+        *(model_cards(session, url, b.headers, timeout) for b, url in urls)
     )
     seen: dict[str, dict[str, Any]] = {}
-    for data in answers:
-        for model in data or ():
-            seen.setdefault(str(model.get("id")), model)
+    for cards in answers:
+        for model, card in (cards or {}).items():
+            seen.setdefault(model, card)
     if not any(a is not None for a in answers):
         raise APIError(502, "no backend answered /v1/models", code="upstream_unavailable")
-    return web.json_response({"object": "list", "data": list(seen.values())})
-
-
-async def _get_models(
-    session: aiohttp.ClientSession, base_url: str, headers: dict[str, str], timeout_s: float
-) -> list[dict[str, Any]] | None:
-    """A backend's models, or None for any bad answer: not 200, too long, no JSON, JSON
-    too deep for the parser (a RecursionError, not a ValueError), no list of objects."""
-    try:
-        async with session.get(
-            f"{base_url}/v1/models",
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
-            if resp.status != 200:
-                return None
-            body = await read_limited(resp, MAX_MODELS_BYTES)
-        payload = json.loads(body) if body is not None else None
-    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError):
-        return None
-    data = payload.get("data") if isinstance(payload, dict) else None
-    return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else None
+    routes = routes_serving((b.route, cards) for (b, _), cards in zip(urls, answers, strict=True))
+    listed = [
+        {**card, "specroute_routes": [r.value for r in routes.get(model, [])]}
+        for model, card in seen.items()
+    ]
+    return web.json_response({"object": "list", "data": listed})

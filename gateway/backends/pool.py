@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -30,6 +31,7 @@ from classifier.attribution import DecodeLog
 from classifier.features import RequestFeatures, Workload
 from classifier.types import BackendState, LiveState, Route
 from gateway.backends.acceptance_sources import AcceptanceSources
+from gateway.backends.models import model_cards, note_models
 from gateway.backends.scraper import (
     SCRAPE_ERRORS,
     Acceptance,
@@ -71,6 +73,10 @@ class Upstream:
     ejected_until: float = 0.0  # monotonic time; passive ejection keeps it out till then
     # When the requests sent here were decoding, for the counter attribution.
     decode_log: DecodeLog = field(default_factory=DecodeLog)
+    # Its /v1/models cards by id, as the last good read (with a health probe) found them;
+    # None: never read, unknown (gateway/backends/models.py).
+    models: dict[str, dict[str, Any]] | None = None
+    models_warned: set[str] = field(default_factory=set)  # requested here, lacked, logged
 
 
 @dataclass(slots=True)
@@ -446,9 +452,10 @@ class BackendPool:
         self._retries_inflight -= 1
 
     async def probe_all(self, session: aiohttp.ClientSession, timeout_s: float) -> bool:
-        """Probe every endpoint's /health now; True if any backend is healthy."""
+        """Probe every endpoint's /health now, and read the models of those that answer
+        (gateway/backends/models.py); True if any backend is healthy."""
         pairs = [(b, u) for b in self for u in b.upstreams]
-        results = await asyncio.gather(*(_probe(session, u.url, timeout_s) for _, u in pairs))
+        results = await asyncio.gather(*(_probe(session, b, u, timeout_s) for b, u in pairs))
         now = time.monotonic()
         for (backend, upstream), ok in zip(pairs, results, strict=True):
             upstream.reachable = ok
@@ -572,11 +579,19 @@ class BackendPool:
             await asyncio.sleep(interval_s)
 
 
-async def _probe(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> bool:
+async def _probe(
+    session: aiohttp.ClientSession, backend: Backend, upstream: Upstream, timeout_s: float
+) -> bool:
     try:
         async with session.get(
-            f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            f"{upstream.url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as resp:
-            return resp.status == 200
+            ok = resp.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False
+    if ok:
+        cards = await model_cards(session, upstream.url, backend.headers, timeout_s)
+        if note_models(upstream, cards):
+            route, url = backend.route.value, url_label(upstream.url)
+            log.info("backend_models", route=route, url=url, models=sorted(upstream.models or ()))
+    return ok

@@ -32,6 +32,7 @@ import structlog
 from aiohttp import web
 
 from classifier.features import Endpoint, RequestFeatures
+from gateway.backends.models import ModelFilter
 from gateway.backends.pool import Upstream
 from gateway.errors import APIError, draining, request_id_of, sse_error_event
 from gateway.extproc import messages
@@ -45,7 +46,14 @@ from gateway.request.dispatch import (
     Routed,
     admit,
 )
-from gateway.request.pipeline import analyse, ask_for_usage, live_state, route_override, settle
+from gateway.request.pipeline import (
+    analyse,
+    ask_for_usage,
+    live_state,
+    route_override,
+    settle,
+    steer_to_model,
+)
 from gateway.state import BACKENDS, BIG_BODIES, RNG, RUNTIME, SHADOWS, TOKENS
 from gateway.wire.failures import upstream_failure
 from gateway.wire.life import STREAM_RESET, RequestLife
@@ -184,9 +192,12 @@ class PickerStream:
     async def _decide(self, life: RequestLife, raw: bytes) -> list[pb.ProcessingResponse]:
         app, config = self.app, self.snapshot.config
         body, features = await self._analyse(raw, life.endpoint)
-        pair, state = live_state(app)
+        served = ModelFilter.of(app[BACKENDS], body)  # no route has the model: 404
+        pair, state = live_state(app, served)
         forced = route_override(self._headers.get(ROUTE_HEADER), config)
-        decision = forced or self.snapshot.policy.decide(features, state, pair, app[RNG])
+        decision = forced or steer_to_model(
+            self.snapshot.policy.decide(features, state, pair, app[RNG]), served, config.routes
+        )
         life.decided(body, features, decision, state, pair)
         sent, strip = ask_for_usage(body, raw, life.endpoint)
         self._strip = strip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
@@ -18,8 +19,9 @@ from aiohttp import web
 
 from classifier.features import Endpoint, FeatureOptions, RequestFeatures, extract_features
 from classifier.tokens import TokenCounter
-from classifier.types import Decision, LiveState
+from classifier.types import Decision, LiveState, Route
 from gateway.backends.live import for_decision
+from gateway.backends.models import ModelFilter
 from gateway.config import Config
 from gateway.errors import LOGGED, APIError, draining, request_id
 from gateway.outcomes.accounting import count_request, log_request
@@ -46,6 +48,7 @@ from gateway.wire.tracing import TRACING, annotate, carried, log_fields
 from gateway.wire.validation import parse_body, with_member
 
 _BIG_BODY = 256 * 1024  # parsing and reading it take a millisecond or more
+MODEL_FALLBACK = "model-fallback"  # the reason, when the policy's route lacked the model
 _JSON_TYPES = ("application/json", "application/octet-stream")
 
 
@@ -69,7 +72,8 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
         recorder = app.get(RECORDER) if endpoint is not Endpoint.RESPONSES else None
         if recorder is not None:
             recorder.offer(body, endpoint.value, life.meter.started, features.workload.value)
-        pair, state = live_state(app)
+        served = ModelFilter.of(app[BACKENDS], body)
+        pair, state = live_state(app, served)
         owner = await _stored_owner(request, body, endpoint)
         if owner is not None:  # only the server that stored it can continue it
             pair = owner.upstream.pair
@@ -77,7 +81,9 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
             decision = Decision(route=owner.route, reason="stored_response")
         else:
             forced = route_override(request.headers.get(ROUTE_HEADER), config)
-            decision = forced or snapshot.policy.decide(features, state, pair, app[RNG])
+            decision = forced or steer_to_model(
+                snapshot.policy.decide(features, state, pair, app[RNG]), served, config.routes
+            )
         life.decided(body, features, decision, state, pair)
         raw, strip_usage = ask_for_usage(body, raw, endpoint)
         routed = Routed(
@@ -93,7 +99,8 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
             read_events=(
                 responses.read_events if endpoint is Endpoint.RESPONSES else read_chat_events
             ),
-            alternatives=alternatives(decision, config.routes),
+            # Where a failover may go: routes that serve the model (none: this one again).
+            alternatives=alternatives(decision, served.serving(config.routes)) or (decision.route,),
         )
         answer = await dispatch(request, routed, life, config)
         if endpoint is Endpoint.RESPONSES and (answered_by := request.get(ANSWERED_BY)):
@@ -109,10 +116,21 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
         settle(app, snapshot, life)
 
 
-def live_state(app: web.Application) -> tuple[int, LiveState]:
+def live_state(app: web.Application, served: ModelFilter | None = None) -> tuple[int, LiveState]:
     """The GPU pair a request goes to, and that pair's live state as the policy reads
-    it (the pair first, then the route within it): gateway/backends/live.py builds it."""
-    return for_decision(app[BACKENDS], app[SHADOWS])
+    it (the pair first, then the route within it): gateway/backends/live.py builds it.
+    With the request's ModelFilter, the routes that lack its model are unavailable."""
+    pair, state = for_decision(app[BACKENDS], app[SHADOWS])
+    return pair, served.state(state) if served is not None else state
+
+
+def steer_to_model(decision: Decision, served: ModelFilter, routes: Iterable[Route]) -> Decision:
+    """The policy's decision, unless its route lacks the request's model (a policy that
+    reads no health, or every route that has it down): then the best route that has it."""
+    if decision.route not in served.lacking:
+        return decision
+    best = alternatives(decision, served.serving(routes))[0]
+    return dataclasses.replace(decision, route=best, reason=MODEL_FALLBACK)
 
 
 def settle(app: web.Application, snapshot: Snapshot, life: RequestLife) -> None:

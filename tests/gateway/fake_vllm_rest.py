@@ -50,7 +50,8 @@ class FakeVllmRest:
 
     @web.middleware
     async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path not in ("/health", "/metrics"):  # the gateway's probes and scrapes
+        # the gateway's probes (/health, and /v1/models with each) and scrapes
+        if request.path not in ("/health", "/metrics", "/v1/models"):
             self.seen.append((request.method, request.path_qs))
             self.bodies.append(await request.read())
             self.headers_seen.append(dict(request.headers))
