@@ -170,7 +170,12 @@ async def _outcome_log(app: web.Application) -> AsyncIterator[None]:
     if not config.path:
         yield
         return
-    log = OutcomeLog(Path(config.path), max_bytes=config.max_bytes, backups=config.backups)
+    log = OutcomeLog(
+        Path(config.path),
+        max_bytes=config.max_bytes,
+        backups=config.backups,
+        metrics=app[METRICS],
+    )
     app[OUTCOME_LOG] = log
     yield
     await asyncio.to_thread(log.close)
@@ -201,7 +206,13 @@ async def _shadows(app: web.Application) -> AsyncIterator[None]:
     log = None
     if config.path and app[CONFIG].shadow.enabled:
         path = shadow_log_path(Path(config.path))
-        log = OutcomeLog(path, max_bytes=config.max_bytes, backups=config.backups)
+        log = OutcomeLog(
+            path,
+            max_bytes=config.max_bytes,
+            backups=config.backups,
+            metrics=app[METRICS],
+            name="shadows",
+        )
     shadows.start(app[SESSION], log, app[TRACING])
     yield
     await shadows.stop()

@@ -17,7 +17,9 @@ import functools
 import inspect
 import json
 import math
+import os
 import re
+import stat
 import tomllib
 import types
 import typing
@@ -495,6 +497,33 @@ def _table_problems(obj: Any, path: str) -> Iterator[str]:
             )
         if not 0.0 <= obj.draft_cost_ratio <= 10.0:
             yield f"{key('draft_cost_ratio')} must be within [0, 10]"
+    if isinstance(obj, OutcomeLogConfig) and obj.path:
+        yield from _log_path_problems(key("path"), obj.path)
+
+
+def _log_path_problems(key: str, path: str) -> Iterator[str]:
+    """A log the gateway appends to: a regular file, or none yet in a directory it can
+    write. A directory, a FIFO (the writer's open would wait for a reader) or a device
+    (/dev/full) would lose every line, so each is refused at start, in one line."""
+    where = f"{key} = {path!r}"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        parent = os.path.dirname(path) or "."
+        if not os.path.isdir(parent):
+            yield f"{where}: its directory {parent!r} does not exist"
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            yield f"{where}: its directory {parent!r} is not writable"
+        return
+    except OSError as exc:
+        yield f"{where}: {exc.strerror or exc}"
+        return
+    if stat.S_ISDIR(mode):
+        yield f"{where}: is a directory, not a file"
+    elif not stat.S_ISREG(mode):
+        yield f"{where}: not a regular file (a FIFO, a socket or a device)"
+    elif not os.access(path, os.W_OK):
+        yield f"{where}: not writable"
 
 
 def _not_one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:

@@ -1,10 +1,16 @@
 """Every file the gateway reads besides config.toml: used whole, or refused in one line.
 
 `read_file` turns any content into a value or a FileUnusable (a ConfigError), one
-line that names the key, the path and why: no such file, a directory, no permission,
-too large, or content its parser refuses (bytes that are not UTF-8 or JSON, JSON of
-another shape, a number out of range). Parsers are pure functions of the bytes, so
-whatever one raises is said of the content; no content escapes as a traceback.
+line that names the key, the path and why: no such file, a directory, a FIFO or a
+device, no permission, too large, or content its parser refuses (bytes that are not
+UTF-8 or JSON, JSON of another shape, a number out of range). Parsers are pure
+functions of the bytes, so whatever one raises is said of the content; no content
+escapes as a traceback.
+
+Only regular files are read: a FIFO would block the open until a writer came, and a
+device (/dev/zero, a tty) never ends. The path is stat-ed before it is opened, and
+opened with O_NONBLOCK, so that one swapped in between still cannot block the open.
+An async caller reads through `off_loop`, so even a slow disk never stalls /health.
 
 What a refusal means depends on whose file it is:
 
@@ -18,6 +24,12 @@ What a refusal means depends on whose file it is:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import os
+import stat
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -31,6 +43,13 @@ T = TypeVar("T")
 # Far above any file the gateway writes or reads (a state or a profile: kilobytes); a
 # path such as /dev/zero must not take the memory.
 MAX_BYTES = 64 * 1024 * 1024
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class FileUnusable(ConfigError):
@@ -41,16 +60,17 @@ class FileUnusable(ConfigError):
         self.key, self.path, self.why, self.missing = key, path, why, missing
 
 
+def not_regular(mode: int) -> str | None:
+    """Why a file of this mode is not read (or written) as a file, or None: it is one."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    return f"is {kind}, not a regular file"
+
+
 def read_file(key: str, path: str, parse: Callable[[bytes], T]) -> T:
     """The file at `path` (the value of config key `key`), parsed; else FileUnusable."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        why = f"cannot read: {exc.strerror or exc}"
-        raise FileUnusable(key, path, why, missing=isinstance(exc, FileNotFoundError)) from None
-    if len(data) > MAX_BYTES:
-        raise FileUnusable(key, path, f"larger than {MAX_BYTES} bytes")
+    data = _read_bytes(key, path)
     try:
         return parse(data)
     except Exception as exc:  # any content: the parser's refusal, or a parser's gap
@@ -69,3 +89,49 @@ def read_optional(key: str, path: str, parse: Callable[[bytes], T]) -> T | None:
         if not exc.missing:
             log.warning("start_file_unusable", key=key, path=path, error=exc.why)
         return None
+
+
+async def off_loop(fn: Callable[[], T]) -> T:
+    """fn() on a daemon thread of its own, awaited: a read that blocks (a slow or hung
+    mount, a config.toml swapped for a FIFO) holds neither the event loop nor the
+    process's exit, which asyncio.run's default executor would wait for."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            settle = functools.partial(_set_result, done, fn())
+        except BaseException as exc:  # handed to the awaiting task, raised there
+            settle = functools.partial(_set_exception, done, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed while it ran
+            loop.call_soon_threadsafe(settle)
+
+    threading.Thread(target=run, name="specroute-file-read", daemon=True).start()
+    return await done
+
+
+def _set_result(done: asyncio.Future[T], result: T) -> None:
+    if not done.done():  # else the awaiting task was cancelled
+        done.set_result(result)
+
+
+def _set_exception(done: asyncio.Future[T], exc: BaseException) -> None:
+    if not done.done():
+        done.set_exception(exc)
+
+
+def _read_bytes(key: str, path: str) -> bytes:
+    try:
+        if why := not_regular(os.stat(path).st_mode):
+            raise FileUnusable(key, path, why)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as fh:
+            if why := not_regular(os.fstat(fd).st_mode):  # swapped in since the stat
+                raise FileUnusable(key, path, why)
+            data = fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        why = f"cannot read: {exc.strerror or exc}"
+        raise FileUnusable(key, path, why, missing=isinstance(exc, FileNotFoundError)) from None
+    if len(data) > MAX_BYTES:
+        raise FileUnusable(key, path, f"larger than {MAX_BYTES} bytes")
+    return data

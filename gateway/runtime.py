@@ -57,6 +57,17 @@ class Snapshot:
     keys: Keys
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A reload read and built, not yet in use: `policy` None keeps the one in use (the
+    routing table is the same); `base` is the snapshot it was checked against."""
+
+    base: Snapshot
+    config: Config
+    keys: Keys
+    policy: Policy | None
+
+
 class Runtime:
     def __init__(self, config: Config) -> None:
         self.current = Snapshot(config, build_policy(config), load_keys(config.auth))
@@ -64,15 +75,29 @@ class Runtime:
 
     def reload(self, new: Config) -> list[str]:
         """Swap in `new`; return the keys that changed. Raises ConfigError."""
-        old = self.current.config
-        blocked = restart_only_changes(old, new)
+        return self.swap(self.prepare(new))
+
+    def prepare(self, new: Config) -> Candidate:
+        """The files `new` names, read (the keys file, the model), and its policy built;
+        nothing is swapped, so this may run off the event loop. Raises ConfigError."""
+        base = self.current
+        blocked = restart_only_changes(base.config, new)
         if blocked:
             raise ConfigError(f"config: reload refused: {', '.join(blocked)} need a restart")
         keys = load_keys(new.auth)
-        policy = self.current.policy if new.routing == old.routing else build_policy(new)
-        carry_over(self.current.policy, policy)
-        self.current = Snapshot(new, policy, keys)
-        return changed_keys(old, new)
+        policy = None if new.routing == base.config.routing else build_policy(new)
+        return Candidate(base, new, keys, policy)
+
+    def swap(self, candidate: Candidate) -> list[str]:
+        """Put a prepared reload in use, on the event loop (it reads what the running
+        policy learned); return the keys that changed. Raises ConfigError."""
+        if candidate.base is not self.current:
+            raise ConfigError("config: reload refused: another reload changed the config first")
+        old = self.current
+        policy = old.policy if candidate.policy is None else candidate.policy
+        carry_over(old.policy, policy)
+        self.current = Snapshot(candidate.config, policy, candidate.keys)
+        return changed_keys(old.config, candidate.config)
 
 
 def carry_over(old: Policy, new: Policy) -> None:

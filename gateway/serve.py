@@ -4,13 +4,15 @@
 so the gateway runs its own AppRunner: on SIGTERM (or SIGINT) /ready turns 503
 and new requests are refused at once, in-flight answers get `server.drain_s`
 to finish, then what is left is cancelled (closing the upstream connections,
-so vLLM aborts them) and the process exits 0. SIGHUP re-reads the config file;
-a bad file is logged and the running config stays.
+so vLLM aborts them) and the process exits 0. SIGHUP re-reads the config file,
+and the files it names, off the event loop; a bad file is logged and the running
+config stays.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Callable
 
@@ -19,6 +21,8 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import Config, ConfigError
+from gateway.files import off_loop
+from gateway.runtime import Candidate
 from gateway.state import BACKENDS, RELAYS, RUNTIME
 from gateway.telemetry import configure_logging
 
@@ -50,7 +54,8 @@ async def serve(
     loop.add_signal_handler(signal.SIGINT, stop.set)
     # Without a handler SIGHUP would end the process: with nothing to re-read
     # (started with --backend only) it is logged and the gateway keeps serving.
-    loop.add_signal_handler(signal.SIGHUP, reload, app, reread)
+    reloads = _Reloads(app, reread)
+    loop.add_signal_handler(signal.SIGHUP, reloads.signal)
     log.info("serving", host=config.server.host, port=config.server.port)
     if ready is not None:
         ready.set()
@@ -60,6 +65,7 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        await reloads.stop()
         await runner.cleanup()
     log.info("stopped")
 
@@ -83,19 +89,71 @@ async def drain(app: web.Application) -> None:
 def reload(app: web.Application, reread: Callable[[], Config] | None) -> bool:
     """Re-read the config and swap it in atomically; keep the old one on any error.
 
-    The log level is process-wide, not part of a request's snapshot: it is set
-    here, after the line that says the reload happened.
+    Its files are read on the caller's thread: SIGHUP goes through reload_off_loop.
     """
     if reread is None:
-        log.warning("config_reload_skipped", why="started without a config file")
-        return False
+        return _skipped()
     try:
-        new = reread()
-        changed = app[RUNTIME].reload(new)
+        return _swap(app, app[RUNTIME].prepare(reread()))
     except ConfigError as exc:
-        log.error("config_reload_rejected", error=str(exc))
-        return False
+        return _rejected(exc)
+
+
+async def reload_off_loop(app: web.Application, reread: Callable[[], Config] | None) -> bool:
+    """reload, its reading (config.toml, the keys file, the model) on a thread: a FIFO
+    or a slow mount named in the config stalls the reload, never /health."""
+    if reread is None:
+        return _skipped()
+    runtime = app[RUNTIME]
+    try:
+        return _swap(app, await off_loop(lambda: runtime.prepare(reread())))
+    except ConfigError as exc:
+        return _rejected(exc)
+
+
+def _swap(app: web.Application, candidate: Candidate) -> bool:
+    """The log level is process-wide, not part of a request's snapshot: it is set
+    here, after the line that says the reload happened."""
+    changed = app[RUNTIME].swap(candidate)
     log.info("config_reloaded", changed=changed)
     if "logging.level" in changed:
-        configure_logging(new.logging.level)
+        configure_logging(candidate.config.logging.level)
     return True
+
+
+def _skipped() -> bool:
+    log.warning("config_reload_skipped", why="started without a config file")
+    return False
+
+
+def _rejected(exc: ConfigError) -> bool:
+    log.error("config_reload_rejected", error=str(exc))
+    return False
+
+
+class _Reloads:
+    """SIGHUPs, one reload at a time off the loop; one that comes during a reload runs
+    another after it, with the file as it is then."""
+
+    def __init__(self, app: web.Application, reread: Callable[[], Config] | None) -> None:
+        self._app, self._reread = app, reread
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def signal(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.create_task(self._run(), name="specroute-reload")
+
+    async def _run(self) -> None:
+        self._again = True
+        while self._again:
+            self._again = False
+            await reload_off_loop(self._app, self._reread)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

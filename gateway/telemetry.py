@@ -332,6 +332,22 @@ class Metrics:
             ["workload"],
             registry=r,
         )
+        # The outcome log's writer (gateway/outcomes/outcome_log.py): never a silent loss.
+        self.outcome_log_write_failures = Counter(
+            "specroute_outcome_log_write_failures",
+            "Writes, opens and rotations of the outcome log that failed (a full disk, a "
+            "removed directory), by log: outcomes, or shadows (its sibling file).",
+            ["log"],
+            registry=r,
+        )
+        self.outcome_log_dropped = Counter(
+            "specroute_outcome_log_dropped",
+            "Lines of the outcome log never written, by log and reason: queue_full (the "
+            "writer fell behind), unserializable (nested past the recursion limit, a "
+            "non-finite number), write_failed, shutdown (still queued when close gave up).",
+            ["log", "reason"],
+            registry=r,
+        )
 
     def show_profile(self, profile: EngineProfile) -> None:
         """Export a profile that came into use (the step and first-token curves)."""

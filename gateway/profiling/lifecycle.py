@@ -9,13 +9,14 @@ measures). Serving never waits for it: decisions made before it is in say
 "unprofiled". A failed run is retried in idle time, and so is a profile that
 live traffic contradicts. What the policy learned is read from
 routing.state_path at start (the same way: used whole, or one line) and written
-there every minute and at shutdown.
+there every minute and at shutdown. Both files are read off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import time
@@ -29,7 +30,7 @@ from aiohttp import web
 from classifier.profile import EngineProfile, ProfileError, ServerIdentity
 from classifier.types import Policy
 from gateway.config import Config, RouteConfig
-from gateway.files import read_optional
+from gateway.files import off_loop, read_optional
 from gateway.profiling.probes import ProbeFailed, ProfileTarget, identify, measure_profile
 from gateway.state import BACKENDS, CONFIG, METRICS, PROFILE_PROGRESS, RUNTIME, SESSION, TOKENS
 
@@ -118,7 +119,8 @@ async def profile_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     if routing.state_path:
-        _load_state(policy, routing.state_path)
+        # before the site opens (cleanup_ctx): nothing decides while the thread loads it
+        await off_loop(functools.partial(_load_state, policy, routing.state_path))
     task = None
     if routing.profile == "at-start" or routing.profile_path:
         task = asyncio.create_task(_profile_loop(app), name="specroute-profiler")
@@ -165,7 +167,7 @@ async def _profile_loop(app: web.Application) -> None:
     measure one otherwise, then watch for a contradicted one. "off" measures nothing."""
     config = app[CONFIG]
     measure = config.routing.profile == "at-start"
-    stored = load_profile(config.routing.profile_path)
+    stored = await off_loop(lambda: load_profile(config.routing.profile_path))
     if stored is None and not measure:
         return
     identities = await current_identities(app[SESSION], config)

@@ -1,22 +1,30 @@
 """SIGHUP: every config key is either applied by a reload or refused by name, and the
 log level, the one process-wide setting, really changes (it used to be accepted and
-then ignored)."""
+then ignored); the files a reload reads are read off the event loop, and a FIFO among
+them is refused at once."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import enum
 import functools
+import os
 import re
+import signal
+import time
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import structlog
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from classifier.acceptance_model import AcceptanceModel, acceptance_features
@@ -34,6 +42,8 @@ from gateway.config import (
 from gateway.runtime import RELOADABLE, Runtime, changed_keys, is_reloadable
 from gateway.state import RUNTIME
 from gateway.telemetry import configure_logging
+from tests.gateway.test_start_files import RELEASE_S, fifo_released_after
+from tests.support import wait_until
 
 BACKENDS = {"speculative": {"urls": ["http://a:1"]}, "baseline": {"urls": ["http://b:2"]}}
 BASE = parse_config({"backends": BACKENDS})
@@ -219,3 +229,81 @@ def test_sighup_refuses_a_file_of_any_content_in_one_line(
     (line,) = [e for e in logs if e["event"] == "config_reload_rejected"]
     assert message in line["error"]
     assert app[RUNTIME].current is before
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, spec: TestServer, base: TestServer, port: int
+) -> AsyncIterator[tuple[aiohttp.ClientSession, str, Path]]:
+    """`specroute serve` in this process, with its own SIGHUP handler, on a config file
+    that names a keys file (old-key): a session, the gateway's URL, the keys' path."""
+    keys, path = tmp_path / "keys", tmp_path / "config.toml"
+    keys.write_text("old-key\n")
+    path.write_text(
+        f'[server]\nport = {port}\ndrain_s = 0.1\n[backends]\nspeculative.urls = ["'
+        f'{spec.make_url("")}"]\nbaseline.urls = ["{base.make_url("")}"]\n'
+        f'[routing]\npolicy = "rules"\n[auth]\napi_keys_file = "{keys}"\n'
+    )
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        serve.serve(load_config(path), lambda: load_config(path), ready=ready)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        async with aiohttp.ClientSession() as session:
+            yield session, f"http://127.0.0.1:{port}", keys
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _health_at_once(session: aiohttp.ClientSession, url: str) -> None:
+    started = time.monotonic()
+    async with session.get(f"{url}/health") as health:
+        assert health.status == 200
+    assert time.monotonic() - started < RELEASE_S / 2
+
+
+def _reloads(logs: list[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
+    return [e for e in logs if e["event"].startswith("config_reload")]
+
+
+async def test_sighup_with_a_fifo_for_the_keys_file_keeps_health_answering(
+    tmp_path: Path, spec_server: TestServer, base_server: TestServer, unused_tcp_port: int
+) -> None:
+    """The reload read the keys file on the event loop: a FIFO there held /health (and
+    every request) until a writer came. Now it is refused at once, in one line."""
+    async with serving(tmp_path, spec_server, base_server, unused_tcp_port) as (session, url, keys):
+        keys.unlink()
+        with capture_logs() as logs, fifo_released_after(keys, b"new-key\n"):
+            os.kill(os.getpid(), signal.SIGHUP)
+            await _health_at_once(session, url)
+            await wait_until(lambda: bool(_reloads(logs)), "the reload", timeout_s=RELEASE_S / 2)
+        (line,) = _reloads(logs)
+        assert line["event"] == "config_reload_rejected"
+        assert line["error"] == f"config: auth.api_keys_file: {keys}: is a FIFO, not a regular file"
+        headers = {"Authorization": "Bearer old-key"}
+        async with session.get(f"{url}/stats", headers=headers) as kept:
+            assert kept.status == 200  # the running keys stay
+
+
+async def test_a_reload_that_waits_on_its_file_waits_off_the_event_loop(
+    tmp_path: Path, spec_server: TestServer, base_server: TestServer, unused_tcp_port: int
+) -> None:
+    """config.toml itself a FIFO (its reader is config.py's own): the reload waits for the
+    writer on a thread of its own, /health answers meanwhile, then the reload applies."""
+    async with serving(tmp_path, spec_server, base_server, unused_tcp_port) as (session, url, keys):
+        config = tmp_path / "config.toml"
+        text = config.read_bytes()
+        config.unlink()
+        keys.write_text("new-key\n")
+        with capture_logs() as logs, fifo_released_after(config, text, after_s=1.0):
+            os.kill(os.getpid(), signal.SIGHUP)
+            await _health_at_once(session, url)
+            assert not _reloads(logs)  # still waiting for its writer
+            await wait_until(lambda: bool(_reloads(logs)), "the reload", timeout_s=5)
+        assert [e["event"] for e in _reloads(logs)] == ["config_reloaded"]
+        headers = {"Authorization": "Bearer new-key"}
+        async with session.get(f"{url}/stats", headers=headers) as rotated:
+            assert rotated.status == 200

@@ -1,12 +1,17 @@
 """The files the gateway reads at start (routing.state_path, routing.profile_path): whatever
 they hold, the gateway starts; a file it cannot use costs one log line, and one it can is
-used, whatever routing.profile says about measuring."""
+used, whatever routing.profile says about measuring. A path that is no regular file (a
+FIFO, a device) is refused at once, never waited on."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
+import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -281,3 +286,79 @@ def test_an_operators_file_it_cannot_use_is_a_config_error_in_one_line(
         create_app(make_config(spec, base, **sections), tokens=tokens)
     assert str(exc.value).startswith(f"config: {key}: {path}: ")
     assert "\n" not in str(exc.value)
+
+
+# ---- a FIFO or a device: refused at once, never waited on (issue 50) -------------------
+
+RELEASE_S = 3.0  # a test that blocks on a FIFO is let go then, and fails on its clock
+
+
+@contextlib.contextmanager
+def fifo_released_after(
+    path: Path, content: bytes = b"", after_s: float = RELEASE_S
+) -> Iterator[None]:
+    """A FIFO at `path`; a reader that blocks on it is let go after `after_s` by a writer
+    that comes with `content`, so a test of "never waits" fails on time, not by hanging."""
+    os.mkfifo(path)
+    done = threading.Event()
+
+    def writer_comes() -> None:
+        if done.wait(after_s):
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no reader waits
+        except OSError:
+            return
+        with contextlib.suppress(OSError):
+            os.write(fd, content)
+        os.close(fd)
+
+    thread = threading.Thread(target=writer_comes, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+@pytest.mark.parametrize("key", ["state_path", "profile_path"])
+async def test_a_fifo_as_a_start_file_is_one_line_not_a_hang(
+    gateway_for: GatewayFactory, tmp_path: Path, key: str
+) -> None:
+    """The read waited for a writer: the gateway never started."""
+    path = tmp_path / "fifo"
+    started = time.monotonic()
+    with fifo_released_after(path, json.dumps(STATE).encode()), capture_logs() as logs:
+        gateway = await gateway_for(routing={**PROFILED, key: str(path)})
+        await _answers(gateway)
+        await wait_until(
+            lambda: bool(_unusable(logs, f"routing.{key}")),
+            "the one line",
+            timeout_s=2,
+        )
+    assert time.monotonic() - started < RELEASE_S / 2
+    (line,) = _unusable(logs, f"routing.{key}")
+    assert line["error"] == "is a FIFO, not a regular file"
+
+
+@pytest.mark.parametrize("key", ["routing.model_path", "auth.api_keys_file"])
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "directory"])
+def test_an_operators_file_that_is_not_a_file_is_a_config_error_at_once(
+    config: Config, tokens: TokenCounter, tmp_path: Path, key: str, kind: str
+) -> None:
+    table, name = key.split(".")
+    spec, base = config.backends.speculative.urls[0], config.backends.baseline.urls[0]
+    path = {"fifo": str(tmp_path / "fifo"), "directory": str(tmp_path)}.get(kind, kind)
+    sections: dict[str, dict[str, object]] = {table: {name: path}}
+    if table == "routing":
+        sections["routing"].update(PROFILED)
+    started = time.monotonic()
+    with (
+        fifo_released_after(tmp_path / "fifo", b"a-key\n"),
+        pytest.raises(ConfigError) as exc,
+    ):
+        create_app(make_config(spec, base, **sections), tokens=tokens)
+    assert time.monotonic() - started < RELEASE_S / 2
+    assert str(exc.value).startswith(f"config: {key}: {path}: is a ")
+    assert str(exc.value).endswith(", not a regular file") and "\n" not in str(exc.value)
