@@ -22,24 +22,28 @@ drafter proposes nothing where the text has no match; on the real CPU pair a
 chat answer drafted on 2 of 61 steps at a rate of 0.38, 1.05 tokens a step
 where 1 + k * 0.38 says 2.5 (gateway/wire/acceptance.py).
 
-The rule, after the guards (kv-pressure, spec-busy: explicit and first):
+One cost model at every load, in stages (the Inference Extension's scheduler):
+filters (the guards, kv-pressure and spec-busy, then health), one scorer, a picker.
+A route's cost is what sending the request there adds to the time of every
+request in the system:
 
-- an idle GPU, or a GPU each: the route with the smaller cost, where the cost is
-  this request's e2e, plus what it adds to the requests in flight, plus its
-  expected failure (a failed answer is answered again elsewhere). Exploration is
-  Thompson sampling: with the caller's rng, rho is drawn from its posterior
-  instead of taking its mean, so a workload whose acceptance is certain explores
-  nobody and a new one as much as its uncertainty warrants ("explore" when the
-  draw changed the route), never onto a route whose mean cost is more than
-  explore_max_regret above the best;
-- one busy shared GPU: its whole batch belongs on one server ("consolidate").
-  With several devices ([routes.NAME] device), each busy time-sliced device
-  offers its carrier and every other route offers itself; the cheapest is sent.
-  The carrier is the server holding the batch, unless the other carries the
-  mix in flight (every request's workload, this one's included) cheaper per
-  token by enough to pay for the drain a move causes (both servers at their
-  share of the GPU while the old batch finishes), with the acceptance's
-  uncertainty counted against the move, and by at least switch_margin.
+    cost_r = e2e_r                  its own time, its neighbours' slicing included
+           + grown_r + sliced_r     the steps it adds to r's batch, and the time its
+                                    device's busy neighbours lose to r's steps
+           + fail_r * retry_r       a failed answer is answered again elsewhere
+           + followers_r            on a time-sliced device: the requests that arrive
+                                    before the device next empties join the server
+                                    it starts (e^L - 1 of them at load L), each
+                                    paying the mix's time there over the cheapest
+                                    carrier's (_followers)
+
+An idle neighbour costs nothing to share with; a busy one makes a split cost its
+batch; at light load almost nobody follows, so each request goes where it is
+fastest, and at moderate load the followers decide where the batch lives
+("consolidate" when they changed the route). The picker takes the cheapest, or
+with the caller's rng a Thompson draw of rho from its posterior ("explore" when
+the draw changed the route), never onto a route whose cost is more than
+explore_max_regret above the best.
 
 decide() reads and never writes: the same inputs and rng state give the same
 decision, /decide calls it without copying anything, and without an rng it is
@@ -105,10 +109,6 @@ _OVERLAP_SHARE = 0.5
 # The traffic's workload shares follow the last ~100 answers: a few lives of a
 # c=32 batch, so a change of traffic moves the carrier within a minute or so.
 _TRAFFIC_MEMORY = 100.0
-# Busy before anything is in flight: the traffic's requests in flight at its decisions,
-# on average (itself counted), at or above this. 1.5: a request shares its life with
-# another more often than not, so the batch about to form belongs on one server too.
-_BUSY_LOAD = 1.5
 # A workload no probe measured: acceptance rate 0.5 worth one request, the middle of
 # [0, 1] at the least weight that still gives the posterior a mean.
 _NEUTRAL_RATE, _NEUTRAL_WEIGHT = 0.5, 1.0
@@ -150,20 +150,6 @@ class RouterConfig:
     # much above the best: the worst a user pays for exploration (a product bound,
     # not tuned: 25% of one request, on a few requests per new workload).
     explore_max_regret: float = 0.25
-    # One busy GPU: the batch moves only when the move's saving outweighs its drain
-    # (_move_pays: the measured shares of the GPU, the acceptance's uncertainty) and,
-    # besides, the other server carries the mix at least this much cheaper per token.
-    # Off: in virtual time on the measured H200 (benchmarks/one_gpu_scenarios.py, one
-    # GPU after learning at c=8 and c=32, bursts at c=2, 3 seeds each) 0, 0.05 and 0.15
-    # gave the same figures; before the move was priced, 0.15 was the best of 0.05-0.3.
-    switch_margin: float = 0.0
-    # The lives of a batch a move's saving is counted over (_move_pays): on steady traffic
-    # it lasts until the traffic changes. In virtual time on the measured H200
-    # (benchmarks/one_gpu_scenarios.py, fresh, one GPU, c=8 / c=32 over the better static
-    # route): 12.5 lives 1.032 / 1.055, 25: 1.020 / 1.055, 50 and 100: 1.017 / 1.055; the
-    # traffic's memory (100 answers, 3 lives at c=32) 1.032 / 1.093. The learned and burst
-    # scenarios (c=2, 8, 32) stayed at 1.000 for every value.
-    move_horizon_lives: float = 50.0
     # Weight of a profile probe's acceptance, in requests (the profile runs about
     # two probes per workload kind), and the spread of a request's acceptance
     # around its workload's mean before any is measured (in units of rho): the mean's
@@ -184,14 +170,12 @@ class RouterConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.explore_max_regret >= 0 or not 0 <= self.switch_margin < 1:
-            raise ValueError("router: need explore_max_regret >= 0 and 0 <= switch_margin < 1")
+        if not self.explore_max_regret >= 0:
+            raise ValueError("router: need explore_max_regret >= 0")
         if not (self.probe_weight > 0 and 0 < self.prior_sd <= 0.5):
             raise ValueError("router: need probe_weight > 0 and 0 < prior_sd <= 0.5")
         if min(self.acceptance_memory, self.drift_memory, self.failure_memory) < 1:
             raise ValueError("router: memories must be >= 1 request")
-        if self.move_horizon_lives < 1:
-            raise ValueError("router: need move_horizon_lives >= 1")
         if self.contradiction_ratio <= 1 or self.contradiction_after < 1:
             raise ValueError("router: need contradiction_ratio > 1, contradiction_after >= 1")
 
@@ -516,68 +500,42 @@ class ProfiledPolicy:
             )
             is not None
         }
-        allowed = [r for r in routes if r not in guards]
-        # Per device (one with none said): a busy time-sliced one's batch belongs on one
-        # of its servers, its carrier; the cheapest of the devices' candidates is sent.
-        # Busy: a request in flight there, or traffic that shares a request's life more
-        # often than not (1.5 or more in flight at its decisions, on average, itself
-        # included): the batch about to form belongs on one server too.
-        loaded = self._traffic.expected_load() >= _BUSY_LOAD
-        candidates: list[Route] = []
-        carriers: dict[Route, str] = {}
-        for group in profile.devices():
-            members = tuple(r for r in routes if r.value in group)
-            mine = [r for r in allowed if r in members]
-            busy = loaded or any(state.of(r).inflight > 0 for r in members)
-            if mine and busy and profile.shared(group):
-                carrier, how, carry = self._carrier(profile, members, features, state, mine)
-                candidates.append(carrier)
-                carriers[carrier] = how
-                why.setdefault("carry_s_per_token", {}).update(
-                    {r.value: round(v, 6) for r, v in carry.items()}
-                )
-            else:
-                candidates.extend(mine)
-        if guards and not any(r in allowed for r in speculating):
-            # Every speculative server spared: the cheapest server without speculation.
-            route = min(allowed, key=lambda r: predicted[r].cost_s)
-            reason, rule = next(iter(guards.values())), "guard"
-        elif carriers:
-            route = min(candidates, key=lambda r: predicted[r].cost_s)
-            reason, rule = (
-                ("consolidate", carriers[route])
-                if route in carriers
-                else (
-                    _FASTER[route in speculating],
-                    "smaller-cost",
-                )
-            )
-        else:
-            route = min(allowed, key=lambda r: predicted[r].cost_s)
-            reason, rule = _FASTER[route in speculating], "smaller-cost"
-            if rng is not None and all(state.of(r).healthy for r in allowed):
-                drawn = {r: self._belief_for(r, features).sample(rng) for r in speculating}
-                sampled = {
-                    r: self._predict(profile, features, state, r, drawn.get(r, 0.0))
-                    for r in allowed
-                }
-                pick = min(allowed, key=lambda r: sampled[r].cost_s)
-                limit = (1.0 + self._config.explore_max_regret) * predicted[route].cost_s
-                why["acceptance_drawn"] = {r.value: round(v, 4) for r, v in drawn.items()}
-                if pick != route and predicted[pick].cost_s <= limit:
-                    route, reason, rule = pick, "explore", "thompson-draw"
+        allowed = [r for r in routes if r not in guards] or list(routes)
         healthy = [r for r in allowed if state.of(r).healthy] or [
             r for r in routes if state.of(r).healthy
         ]
-        if not state.of(route).healthy and healthy:
-            route = min(healthy, key=lambda r: predicted[r].cost_s)
+        lead = self._followers(profile, features, state, predicted)
+        cost = {r: predicted[r].cost_s + lead.get(r, 0.0) for r in routes}
+        choice = healthy or allowed
+        route = min(choice, key=cost.__getitem__)
+        if guards and not any(r in choice for r in speculating):
+            reason, rule = next(iter(guards.values())), "guard"
+        elif not state.of(min(allowed, key=cost.__getitem__)).healthy:
             reason, rule = "unhealthy-fallback", "unhealthy"
-        elif profile.source == "prior" and rule != "guard":
+        elif route != min(choice, key=lambda r: predicted[r].cost_s):
+            reason, rule = "consolidate", "followers"
+        else:
+            reason, rule = _FASTER[route in speculating], "smaller-cost"
+        if rng is not None and rule in ("smaller-cost", "followers") and len(choice) > 1:
+            drawn = {r: self._belief_for(r, features).sample(rng) for r in speculating}
+            sampled = {
+                r: self._predict(profile, features, state, r, drawn.get(r, 0.0)).cost_s
+                + lead.get(r, 0.0)
+                for r in choice
+            }
+            pick = min(choice, key=sampled.__getitem__)
+            limit = (1.0 + self._config.explore_max_regret) * cost[route]
+            why["acceptance_drawn"] = {r.value: round(v, 4) for r, v in drawn.items()}
+            if pick != route and cost[pick] <= limit:
+                route, reason, rule = pick, "explore", "thompson-draw"
+        if profile.source == "prior" and rule != "guard":
             reason = "unprofiled"
         why["rule"] = rule
         if guards:
             why["spared"] = {r.value: g for r, g in guards.items()}
         why["cost_s"] = {r.value: round(p.cost_s, 6) for r, p in predicted.items()}
+        if lead:
+            why["followers_s"] = {r.value: round(v, 6) for r, v in lead.items()}
         why["tokens_per_step"] = {
             r.value: round(predicted[r].tokens_per_step, 3) for r in speculating
         }
@@ -645,63 +603,53 @@ class ProfiledPolicy:
             )
         return _Prediction(e2e, e2e + added + fail * retry, tau, steps, queue + ttft)
 
-    def _carrier(
+    def _followers(
         self,
         profile: EngineProfile,
-        routes: tuple[Route, ...],
         f: RequestFeatures,
         state: LiveState,
-        allowed: list[Route],
-    ) -> tuple[Route, str, dict[Route, float]]:
-        """One busy GPU: keep the batch where it is, unless the other server carries the
-        batch of the next request life cheaper per token, by enough to pay for the move.
+        predicted: Mapping[Route, _Prediction],
+    ) -> dict[Route, float]:
+        """What the requests that follow this one pay for where it leads them, over the
+        cheapest carrier of its device (s, 0 for that carrier; none off a shared device).
 
-        That batch is the requests in flight now (and this one), about half a life left
-        each, and new ones up to the traffic's usual load. The new ones' kinds: those in
-        flight as far as the traffic's next kind follows its last, its shares for the
-        rest (traffic.py: in bursts the requests in flight say what comes; in steady
-        mixed traffic a carrier chosen on the 8 in flight alone followed the sample, a
-        2-pair emulated run at c=8 moved its batch 10-15 times in 90 requests,
-        tests/gateway/test_pairs.py). With nothing in flight there is nothing to drain:
-        the cheapest carrier takes it."""
-        mix: dict[Workload, float] = {}
-        for route in routes:
-            for workload, count in state.of(route).mix:
-                mix[workload] = mix.get(workload, 0.0) + count
-        mix[f.workload] = mix.get(f.workload, 0.0) + max(f.n, 1)
-        # The batch the carrier will hold: what is in flight, or the traffic's usual load;
-        # over the next life, those in flight (about half a life left each) and new ones
-        # of the kinds coming (classifier/traffic.py).
-        in_flight = sum(state.of(r).load for r in routes) + max(f.n, 1)
-        total = max(in_flight, round(self._traffic.expected_load()))
-        likely = self._traffic.coming(mix)
-        coming = total - _OVERLAP_SHARE * in_flight
-        mix = {w: _OVERLAP_SHARE * c for w, c in mix.items()}
-        for workload, share in likely.items():
-            mix[workload] = mix.get(workload, 0.0) + coming * share
-        carry = {r: self._carry(profile, r, mix, total, 0.0) for r in routes}
-        priced = profile.source != "prior"
-        allowed = [
-            r
-            for r in allowed
-            if not _route(profile, r).speculative
-            or self._guards.reason(_grown(state.of(r), total), batch_priced=priced) is None
-        ] or [r for r in routes if not _route(profile, r).speculative]
-        if not any(state.of(r).inflight > 0 for r in routes):
-            return min(allowed, key=lambda r: carry[r]), "carrier-cheapest", carry
-        # The holder is the server the newest request went to: while a moved batch
-        # drains from the old server the new one holds it, even once its first
-        # requests have ended, so a move is undone only when the mix changes past
-        # the margin again (by in-flight majority instead, a 2-pair emulated run at
-        # c=8 moved its batch 10-15 times in 90 requests: tests/gateway/test_pairs.py).
-        holder = max(routes, key=lambda r: (state.of(r).last_start, state.of(r).inflight))
-        movers = [r for r in allowed if r != holder]
-        mover = min(movers, key=lambda r: carry[r], default=None)
-        if mover is None or carry[mover] >= (1.0 - self._config.switch_margin) * carry[holder]:
-            return holder, "carrier-holds", carry
-        if self._move_pays(profile, holder, mover, mix, total, state.of(holder).load):
-            return mover, "carrier-cheaper", carry
-        return holder, "carrier-holds", carry
+        On a time-sliced device a request that starts a server's batch leads the next
+        arrivals there: splitting off costs each of them its neighbours' slowdown, so
+        they join it until the device next empties. With load L in flight (Poisson
+        arrivals, many servers' worth of batch: M/G/inf), a batch serves e^L requests
+        before the device empties, so e^L - 1 follow, at most the traffic's memory (the
+        mix is not known further ahead). Each pays the mix's time on the route it is
+        led to (its learned kinds and lengths, this request's where none is known yet)
+        over the cheapest route's. At L=0.6 under one follows; at L=5 the mix's carrier
+        decides, which is what consolidation was."""
+        out: dict[Route, float] = {}
+        for group in profile.devices():
+            members = [r for r in predicted if r.value in group]
+            if len(members) < 2 or not profile.shared(group):
+                continue
+            here = sum(state.of(r).load for r in members)
+            load = max(self._traffic.expected_load() - 1.0, float(here))
+            follow = min(math.expm1(load), _TRAFFIC_MEMORY)
+            if follow <= 0:
+                continue
+            mix: dict[Workload, float] = {f.workload: float(max(f.n, 1))}
+            for r in members:
+                for workload, count in state.of(r).mix:
+                    mix[workload] = mix.get(workload, 0.0) + count
+            coming = self._traffic.coming(mix) or mix
+            prompt = self._traffic.mean_prompt(coming) or float(f.prompt_tokens)
+            output = self._traffic.mean_output(coming)
+            if self._traffic.seen <= 0:
+                output = max(output, self._outputs.predict(f))
+            batch = max(round(load) + 1, 1)
+            life = {
+                r: _route(profile, r).ttft.at(prompt)
+                + self._carry(profile, r, coming, batch, 0.0) * max(output - 1.0, 0.0)
+                for r in members
+            }
+            best = min(life.values())
+            out.update({r: follow * (life[r] - best) for r in members})
+        return out
 
     def _carry(
         self,
@@ -730,46 +678,6 @@ class ProfiledPolicy:
             return decode
         prompt, output = self._traffic.mean_prompt(mix), self._traffic.mean_output(mix)
         return decode + total * _prefill_of(rp, prompt) / output
-
-    def _move_pays(
-        self,
-        profile: EngineProfile,
-        holder: Route,
-        mover: Route,
-        mix: Mapping[Workload, float],
-        total: int,
-        held: int,
-    ) -> bool:
-        """Whether moving the batch saves more than its drain costs, in request lives.
-
-        The drain: the holder's batch (about half a life left each) runs beside the
-        mover's new requests, each server at its measured share of the GPU, so the
-        old requests take beside_h times their remaining time, and the new ones on
-        the mover run at 1/beside_m while it lasts (beside_h half-lives; on average
-        half the batch has moved). The saving: each request of the coming batch costs
-        (carry_h - carry_m) / carry_m of a life less; over the next life on the mix
-        coming (`mix`: in flight and their likely successors), then on the traffic's
-        own shares for the rest of move_horizon_lives. Each saving is priced one
-        acceptance posterior sd against the move."""
-        h, m = _route(profile, holder), _route(profile, mover)
-        s_h, s_m = h.slowdown(1), m.slowdown(1)
-        drain = 0.0
-        if held > 0:
-            old = held / max(total, 1)
-            drain = _OVERLAP_SHARE * old * (s_h - 1.0) + (
-                _OVERLAP_SHARE * _OVERLAP_SHARE * s_h * (1.0 - 1.0 / s_m)
-            )
-        against_h = 1.0 if h.speculative else 0.0  # its acceptance one sd better
-        against_m = -1.0 if m.speculative else 0.0  # its one sd worse
-
-        def gain(shares: Mapping[Workload, float]) -> float:
-            carry_h = self._carry(profile, holder, shares, total, against_h)
-            carry_m = self._carry(profile, mover, shares, total, against_m)
-            return (carry_h - carry_m) / carry_m
-
-        lives = self._config.move_horizon_lives
-        later = gain(self._traffic.shares()) if self._traffic.seen > 0 else gain(mix)
-        return gain(mix) + (lives - 1.0) * later > drain
 
     def _tau(self, route: RouteProfile, rho: float) -> float:
         """Tokens one step yields there: 1 + k * rho speculative (its own k), 1 without."""

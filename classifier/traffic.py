@@ -85,16 +85,23 @@ class Traffic:
 
     def coming(self, in_flight: Mapping[Workload, float]) -> dict[Workload, float]:
         """The kinds of the next requests, as shares summing to 1: the kinds in flight
-        by the traffic's stickiness, the traffic's shares for the rest."""
+        by the traffic's stickiness, the traffic's shares for the rest.
+
+        The requests in flight are a sample of the traffic too, one not yet answered:
+        they count in its shares beside the answers (a fresh gateway at c=32 had one
+        answer, structured, and 34 requests of every kind in flight)."""
         seen, flying = self.seen, sum(in_flight.values())
         if flying <= 0 and seen <= 0:
             return {}
-        if seen <= 0:
-            return {w: n / flying for w, n in in_flight.items()}
         follow = self.stickiness() if flying > 0 else 0.0
-        out = {w: (1.0 - follow) * k.answers / seen for w, k in self.kinds.items()}
+        out = {
+            w: (1.0 - follow) * (k.answers + in_flight.get(w, 0.0)) / (seen + flying)
+            for w, k in self.kinds.items()
+        }
         for workload, n in in_flight.items():
             out[workload] = out.get(workload, 0.0) + follow * n / flying
+            if workload not in self.kinds:
+                out[workload] += (1.0 - follow) * n / (seen + flying)
         return out
 
     def mean_prompt(self, shares: Mapping[Workload, float]) -> float:

@@ -92,10 +92,12 @@ def test_a_second_request_goes_to_the_free_device_not_beside_the_busy_one() -> N
     one = policy(trio(dict.fromkeys(DEVICES, "")).with_beside(2.0))
     assert split.decide(CHAT, state(None)).route == K2
     held = one.decide(CHAT, state(K2))
-    assert (held.route, held.reason) == (K2, "consolidate")
+    assert held.route == K2 and held.why is not None and "followers_s" in held.why
     spread = split.decide(CHAT, state(K2))
     assert spread.route == K4 and spread.why is not None
     assert spread.why["rule"] == "smaller-cost"
+    shared = spread.why["followers_s"]
+    assert isinstance(shared, dict) and K4.value not in shared  # alone on its core
     # ngram-k4 busy instead: core 1's carrier (ngram-k2, the cheaper) takes it.
     assert split.decide(CHAT, state(K4)).route == K2
 

@@ -12,7 +12,7 @@ from classifier.features import Endpoint, RequestFeatures, Workload
 from classifier.guards import GuardsConfig
 from classifier.profile import Curve, EngineProfile, ProfileError, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
-from classifier.types import BackendState, LiveState, Route, RouteSpec, two_routes
+from classifier.types import BackendState, Decision, LiveState, Route, RouteSpec, two_routes
 from gateway.wire.life import Lesson
 from tests.support import whole_state
 
@@ -205,21 +205,36 @@ def test_exploration_never_costs_a_user_more_than_its_bound() -> None:
     assert all(policy.decide(f, IDLE, 0, rng).route == BASE for _ in range(300))
 
 
-def test_one_busy_gpu_keeps_its_batch_unless_the_other_carries_the_mix_cheaper() -> None:
+def followers(d: Decision) -> dict[str, float]:
+    """The decision's followers' cost per route (its `why`)."""
+    assert d.why is not None
+    table = d.why["followers_s"]
+    assert isinstance(table, dict)
+    return table
+
+
+def test_one_busy_gpu_keeps_its_batch_unless_its_followers_are_cheaper_elsewhere() -> None:
+    """One cost model: joining a busy server costs its batch a little, splitting off costs
+    the neighbour's batch its GPU share, and the requests that follow pay the mix's time
+    on the server the batch is led to (none follow on a GPU each)."""
     policy = make(profile(2.0, {Workload.CODE: 3.2, Workload.CREATIVE: 1.2}))
     code_on_spec = LiveState.pair(
         BackendState(inflight=3, mix=((Workload.CODE, 3),)), BackendState()
     )
     d = policy.decide(feats(Workload.CREATIVE, 1.2), code_on_spec)
-    assert (d.route, d.reason) == (SPEC, "consolidate")  # one creative among code: stay
+    assert d.route == SPEC  # one creative among code: stay
+    assert d.why is not None and followers(d)[SPEC.value] == 0.0
     creative_on_spec = LiveState.pair(
         BackendState(inflight=3, mix=((Workload.CREATIVE, 3),)), BackendState()
     )
     d = policy.decide(feats(Workload.CREATIVE, 1.2), creative_on_spec)
-    assert d.route == BASE and d.why is not None and d.why["rule"] == "carrier-cheaper"
-    # A GPU each: no carrier, each request on its own predicted cost.
+    assert d.route == BASE and d.why is not None
+    assert followers(d)[BASE.value] == 0.0 < followers(d)[SPEC.value]
+    # A GPU each: nobody follows, each request on its own predicted cost.
     apart = make(profile(1.0, {Workload.CODE: 3.2}))
-    assert apart.decide(feats(Workload.CODE), creative_on_spec).reason == "spec-predicted-faster"
+    d = apart.decide(feats(Workload.CODE), creative_on_spec)
+    assert d.reason == "spec-predicted-faster" and d.why is not None
+    assert "followers_s" not in d.why
 
 
 def test_a_measured_step_curve_prices_a_big_speculative_batch_unless_one_is_configured() -> None:
@@ -233,7 +248,7 @@ def test_a_measured_step_curve_prices_a_big_speculative_batch_unless_one_is_conf
     measured = profile(2.0, {Workload.CODE: 3.2})
     assert make().decide(code, busy).reason == "spec-busy"  # the prior
     d = make(measured).decide(code, busy)
-    assert (d.route, d.reason) == (SPEC, "consolidate")
+    assert (d.route, d.reason) == (SPEC, "spec-predicted-faster")
     capped = ProfiledPolicy(
         RouterConfig(), routes=two_routes(K, 0.2), profile=measured,
         guards=GuardsConfig(spec_max_inflight=16),

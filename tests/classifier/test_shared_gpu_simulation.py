@@ -46,7 +46,8 @@ def test_under_load_it_keeps_up_with_the_better_static_route(
     concurrency: int, bound: float
 ) -> None:
     """A fresh gateway (no traffic seen) meets a burst of `concurrency` at once. Measured
-    in this sim: 1.017x the better static route at 8 and 1.055x at 32: its first request
+    in this sim: 1.032x the better static route at 8 and 1.051x at 32 (590 and 591 of
+    600 requests on the baseline; per-request routing 1.61x and 1.43x): its first request
     finds an idle GPU and goes where it alone is fastest (a structured answer: the
     speculative server), and the batch moves to the baseline once it forms, while that
     first request drains at half the GPU. The same policy on a profile saying a GPU each
@@ -63,7 +64,8 @@ def test_under_load_it_keeps_up_with_the_better_static_route(
     assert ours <= bound * min(statics), (ours / min(statics), statics)
     assert split > 1.08 * min(statics)  # the per-request split consolidation prevents
     assert ours < 0.96 * split
-    assert sum(s.reason == "consolidate" for s in served) > 0.8 * len(served)
+    carrier = max((SPEC, BASE), key=lambda r: sum(s.route == r for s in served))
+    assert sum(s.route == carrier for s in served) > 0.9 * len(served)  # one carries the batch
 
 
 @pytest.mark.parametrize("concurrency", [8, 32])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from classifier import BackendState, LiveState, Route, Workload
+from classifier import BackendState, LiveState, Workload
 from classifier.features import Endpoint, RequestFeatures
 from gateway.config import parse_config
 from gateway.runtime import build_policy
@@ -62,17 +62,3 @@ def test_every_policy_reads_the_guards_table(policy: str) -> None:
     assert reason(policy, BackendState(inflight=4), spec_max_inflight=4) == "spec-busy"
     assert reason(policy, BackendState(inflight=3), spec_max_inflight=4) != "spec-busy"
     assert reason(policy, BackendState(kv_cache_usage=0.5), spec_max_kv_usage=0.5) == "kv-pressure"
-
-
-@pytest.mark.parametrize(("limit", "carrier"), [(4, Route.BASELINE), (16, Route.SPECULATIVE)])
-def test_the_busy_gpus_carrier_respects_the_guard(limit: int, carrier: Route) -> None:
-    """One busy shared GPU: the batch moves to the speculative server (cheaper per token
-    on the built-in prior) only if the guard would let it hold the whole batch (8)."""
-    routing = {"policy": "profiled", "guards": {"spec_max_inflight": limit}}
-    policy = build_policy(parse_config({"backends": BACKENDS, "routing": routing}))
-    busy_baseline = LiveState.pair(BackendState(), BackendState(inflight=7))
-    decision = policy.decide(STRUCTURED, busy_baseline)
-    assert decision.route == carrier
-    assert decision.why["rule"] == (
-        "carrier-holds" if carrier == Route.BASELINE else "carrier-cheaper"
-    )

@@ -193,7 +193,7 @@ async def test_two_emulated_pairs_at_concurrency_8_consolidate_per_pair(
     tokens: TokenCounter, tmp_path: Path
 ) -> None:
     """(a) both pairs get load, (b) under load each pair's batch stays on one of its
-    servers (it moves whole, when the other carries the mix cheaper), (c) no request
+    servers (it moves whole, when its followers are cheaper on the other), (c) no request
     fails. The outcome log says which pair each request was decided for; the four
     servers' own counters agree."""
     outcomes = tmp_path / "outcomes.jsonl"
@@ -226,11 +226,9 @@ async def test_two_emulated_pairs_at_concurrency_8_consolidate_per_pair(
         mine = in_start_order(lines, pair)
         assert len(mine) >= len(REQUESTS) // 4  # (a)
         reasons = Counter(d["reason"] for d in mine)
-        # (b) under load a pair's requests are kept on its carrier ("consolidate");
-        # a request's own choice is for an idle GPU
-        assert reasons["consolidate"] >= len(mine) - 4, reasons
-        # ...and the batch moves whole: a request kept goes where the one before went
-        kept = [d["route"] for d in mine if d["reason"] == "consolidate"]
+        # (b) under load a pair's batch lives on one of its servers: a request goes where
+        # the one before it went, but for a few (a move of the batch, an idle GPU's choice)
+        kept = [d["route"] for d in mine]
         moves = sum(a != b for a, b in itertools.pairwise(kept))
         assert moves <= 0.1 * len(kept), "".join(r[0] for r in kept)
         report[pair] = (dict(Counter(d["route"] for d in mine)), moves, dict(reasons))

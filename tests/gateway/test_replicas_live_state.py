@@ -80,7 +80,7 @@ async def test_two_replicas_see_one_batch_from_the_same_scrape(
             for g, state in ((a, seen_a), (b, seen_b))
         ]
         assert decisions[0].route == decisions[1].route  # one carrier for both replicas
-        assert all(d.why and str(d.why["rule"]).startswith("carrier-") for d in decisions)
+        assert all(d.why and "followers_s" in d.why for d in decisions)  # a busy shared GPU
 
 
 async def test_one_replica_alone_decides_on_its_own_counts(

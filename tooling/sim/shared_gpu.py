@@ -414,9 +414,12 @@ def simulate(
     seed: int = 0,
     routes: Sequence[SimRoute] | None = None,
     devices: Mapping[Route, str] | None = None,
+    arrivals: Sequence[float] | None = None,
 ) -> list[Served]:
-    """A closed loop of `concurrency` clients; the router learns every answer as it goes
-    (Policy.learn), and decides with a seeded rng as the gateway does (its exploration).
+    """A closed loop of `concurrency` clients, or open-loop `arrivals` (each request's
+    send time, s: `poisson_arrivals`; then `concurrency` is not used); the router learns
+    every answer as it goes (Policy.learn), and decides with a seeded rng as the gateway
+    does (its exploration).
 
     routes: the servers (default: `emulator`'s speculative one and its baseline), in the
     configuration's order. gpus=1: all on one time-sliced GPU; 2 (or more): each server
@@ -482,8 +485,11 @@ def simulate(
                 n += accepted
             r.generated += n
 
-    for _ in range(min(concurrency, len(requests))):
-        send(0.0)
+    if arrivals is not None and len(arrivals) < len(requests):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(requests)} requests")
+    if arrivals is None:
+        for _ in range(min(concurrency, len(requests))):
+            send(0.0)
 
     def finish(route: Route, now: float) -> None:
         for r in [r for r in running[route] if r.generated >= r.job.output_tokens]:
@@ -491,35 +497,50 @@ def simulate(
             done = served[r.index]
             done.duration_s = now - r.sent_at
             learn(_finished(r, done, speculative=table[route].speculative))
-            if sent < len(requests):
+            if arrivals is None and sent < len(requests):
                 send(now)
+
+    def arrive(until: float) -> float:
+        """Open loop: send every request due by `until`; the next one's time (or inf)."""
+        while arrivals is not None and sent < len(requests) and arrivals[sent] <= until:
+            send(arrivals[sent])
+        if arrivals is None or sent >= len(requests):
+            return float("inf")
+        return arrivals[sent]
 
     # Each busy engine's step: the work it has left (seconds alone) and what it does.
     # One GPU is processor-shared: while n engines are busy each advances at 1/n; with
     # devices, n is the busy engines of its own device.
     work: dict[Route, float] = {}
     steps: dict[Route, _Step] = {}
+    coming = arrive(now)
     while True:
         for route in table:
             if route not in work and running[route]:
                 work[route], steps[route] = begin(route)
         if not work:
-            return served
+            if coming == float("inf"):
+                return served
+            now = coming
+            coming = arrive(now)
+            continue
         if devices is None:
             share = len(work) if gpus == 1 else 1
-            route = min(work, key=work.__getitem__)
-            elapsed = work[route]
-            now += elapsed * share
-            for other in work:
-                work[other] -= elapsed
+            slowed = dict.fromkeys(work, share)
         else:
             busy = Counter(devices[r] for r in work)
             slowed = {r: busy[devices[r]] for r in work}
-            route = min(work, key=lambda r: work[r] * slowed[r])
-            dt = work[route] * slowed[route]
-            now += dt
+        route = min(work, key=lambda r: work[r] * slowed[r])
+        dt = work[route] * slowed[route]
+        if now + dt > coming:  # a request arrives mid-step: it joins at the next step
             for other in work:
-                work[other] -= dt / slowed[other]
+                work[other] -= (coming - now) / slowed[other]
+            now = coming
+            coming = arrive(now)
+            continue
+        now += dt
+        for other in work:
+            work[other] -= dt / slowed[other]
         del work[route]
         complete(route, steps.pop(route), now)
         finish(route, now)
@@ -556,6 +577,17 @@ def _finished(r: _Running, done: Served, *, speculative: bool) -> Lesson:
         acceptance=(r.accepted / r.drafted) if speculative and r.drafted else None,
         predicted_s=done.predicted_s,
     )
+
+
+def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list[float]:
+    """`count` send times of a Poisson process of `rate` requests/s, from 0."""
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0, got {rate}")
+    rng, at, out = random.Random(seed), 0.0, []
+    for _ in range(count):
+        at += rng.expovariate(rate)
+        out.append(at)
+    return out
 
 
 def mean_latency(served: Sequence[Served]) -> float:
