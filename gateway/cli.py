@@ -20,6 +20,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import socket
 import sys
 import textwrap
 from collections.abc import Mapping
@@ -27,11 +28,13 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from classifier.types import PAIR, ROUTE_NAME, Route
+from gateway.addresses import is_host, parse_port, redact_url
 from gateway.config import (
     Config,
     ConfigError,
     LoggingConfig,
     check_routes,
+    config_warnings,
     json_schema,
     load_config,
     normalize_backend_url,
@@ -306,16 +309,20 @@ def build_parser(tools: Mapping[str, _Command]) -> argparse.ArgumentParser:
 
 def apply_environment(args: argparse.Namespace) -> None:
     """A flag not given takes its variable's value (ENVIRONMENT), where the command has
-    the flag; then ext-proc's ports their defaults."""
+    the flag; then ext-proc's ports their defaults. Hosts and ports, from either, are
+    checked here: one line naming the flag or the variable, not a traceback at bind."""
     for dest, var in ENVIRONMENT.items():
-        value = os.environ.get(var, "")
-        if getattr(args, dest, "absent") is not None or not value:
+        if not hasattr(args, dest):  # a flag this command does not have
             continue
-        if dest in ("port", "metrics_port"):
-            try:
-                setattr(args, dest, int(value))
-            except ValueError:
-                raise ConfigError(f"{var}={value!r}: not a port number") from None
+        flag = getattr(args, dest)
+        if dest in ("host", "port", "metrics_port") and isinstance(flag, str):
+            setattr(args, dest, _address(dest, flag, f"--{dest.replace('_', '-')}"))
+            continue
+        value = os.environ.get(var, "")
+        if flag is not None or not value:
+            continue
+        if dest in ("host", "port", "metrics_port"):
+            setattr(args, dest, _address(dest, value, var))
         elif dest == "log_level":
             if value not in _LEVELS:
                 raise ConfigError(f"{var}={value!r}: must be one of {', '.join(_LEVELS)}")
@@ -326,6 +333,18 @@ def apply_environment(args: argparse.Namespace) -> None:
         for dest, port in _EXT_PROC_PORTS.items():
             if getattr(args, dest) is None:
                 setattr(args, dest, port)
+
+
+def _address(dest: str, value: str, source: str) -> str | int:
+    """A host or a port as the flag or variable `source` gave it, checked."""
+    if dest == "host":
+        if not is_host(value):
+            raise ConfigError(f"{source}={value!r}: not a host name or IP address")
+        return value
+    port = parse_port(value)
+    if port is None:
+        raise ConfigError(f"{source}={value!r}: not a port number (1-65535, ASCII digits)")
+    return port
 
 
 def _config_path(path: Path | None) -> Path | None:
@@ -371,7 +390,6 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--port",
-        type=int,
         default=None,
         help="port to listen on (env: SPECROUTE_PORT; default: server.port, 8080)",
     )
@@ -419,13 +437,11 @@ def _add_ext_proc_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--port",
-        type=int,
         default=None,
         help="the gRPC port Envoy calls (env: SPECROUTE_PORT; default: 9002)",
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
         default=None,
         metavar="PORT",
         help="HTTP port of /metrics, /health, /ready, /stats, /decide "
@@ -448,9 +464,14 @@ def _config(args: argparse.Namespace) -> int:
     path = Path(args.check) if args.check else _config_path(args.config)
     if path is None:
         raise ConfigError("config: no file to check: give --check FILE, or set SPECROUTE_CONFIG")
-    load_config(path)  # raises, with every problem
+    _warn(load_config(path))  # raises, with every problem
     print(f"{path}: ok")
     return 0
+
+
+def _warn(config: Config) -> None:
+    for warning in config_warnings(config):
+        print(f"specroute: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def _ext_proc(args: argparse.Namespace) -> int:
@@ -471,10 +492,13 @@ def _ext_proc(args: argparse.Namespace) -> int:
         _config_path(args.config), args.host, None, args.backend, log_level=args.log_level
     )
     configure_logging(config.logging.level)
+    _warn(config)
     host = config.server.host
+    _check_listen(host, args.port, args.metrics_port)
+    shown = _url_host(host)
     print(
-        f"specroute ext-proc ({args.mode} mode) on grpc://{host}:{args.port}, metrics on "
-        f"http://{host}:{args.metrics_port}/metrics "
+        f"specroute ext-proc ({args.mode} mode) on grpc://{shown}:{args.port}, metrics on "
+        f"http://{shown}:{args.metrics_port}/metrics "
         f"({_routes_line(config)})",
         file=sys.stderr,
         flush=True,
@@ -531,15 +555,32 @@ def resolve_config(
 
 
 def _routes_line(config: Config) -> str:
-    """`none=http://...:8002 ngram-k4=http://...:8001`: the routes as the banner shows them."""
-    return " ".join(f"{r.value}={','.join(c.urls)}" for r, c in config.routes.items())
+    """`none=http://...:8002 ngram-k4=http://...:8001`: the routes as the banner shows them,
+    without credentials (a banner ends up in logs)."""
+    return " ".join(
+        f"{r.value}={','.join(redact_url(u) for u in c.urls)}" for r, c in config.routes.items()
+    )
+
+
+def _check_listen(host: str, *ports: int) -> None:
+    """A listen address that does not resolve: one line now, not a traceback at bind."""
+    for port in ports:
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (OSError, UnicodeError) as exc:
+            raise ConfigError(f"cannot listen on {_url_host(host)}:{port}: {exc}") from None
+
+
+def _url_host(host: str) -> str:
+    """A listen address as a URL writes it: an IPv6 one in brackets."""
+    return f"[{host}]" if ":" in host else host
 
 
 def _parse_backends(items: list[str]) -> dict[Route, str]:
     parsed: dict[Route, str] = {}
     for item in items:
         name, sep, url = item.partition("=")
-        if not ROUTE_NAME.match(name.strip()):
+        if not ROUTE_NAME.fullmatch(name.strip()):
             raise ConfigError(f"--backend {item!r}: expected ROUTE=URL (a route's name)")
         route = Route(name.strip())
         if not sep:
@@ -569,8 +610,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = reread()
     configure_logging(config.logging.level)
+    _warn(config)
+    _check_listen(config.server.host, config.server.port)
     print(
-        f"specroute gateway on http://{config.server.host}:{config.server.port}/v1 "
+        f"specroute gateway on http://{_url_host(config.server.host)}:{config.server.port}/v1 "
         f"({_routes_line(config)})",
         file=sys.stderr,
         flush=True,

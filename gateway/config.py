@@ -27,13 +27,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from classifier.features import FeatureOptions
 from classifier.guards import GuardsConfig
 from classifier.router import RouterConfig
 from classifier.rules import RulesConfig
 from classifier.types import ROUTE_NAME, Route, RouteSpec
+from gateway.addresses import BASE_URL, HOST, base_url, schema_pattern, server_key, url_problem
 
 
 class ConfigError(ValueError):
@@ -289,10 +289,82 @@ _CHOICES: dict[type[Any], dict[str, tuple[str, ...]]] = {
     LoggingConfig: {"level": _LEVELS},
     RecordConfig: {"redaction": _REDACTIONS},
 }
-# What the schema states of a value checked against the routes (_routes_problems).
+_ROUTE = ROUTE_NAME.pattern.strip("^$")
+# Patterns, checked whole (re.fullmatch) by the loader and stated in the schema; a list's
+# for each of its items. The policy's is checked against the routes (_routes_problems).
 _PATTERNS: dict[type[Any], dict[str, str]] = {
-    RoutingConfig: {"policy": f"^(profiled|rules|static-{ROUTE_NAME.pattern.strip('^$')})$"},
+    ServerConfig: {"host": HOST},
+    BackendConfig: {"urls": BASE_URL},
+    RoutingConfig: {"policy": f"profiled|rules|static-{_ROUTE}"},
 }
+
+
+@dataclass(frozen=True, slots=True)
+class _Range:
+    """A number's bounds beyond "> 0" (_POSITIVE): checked here, stated in the schema."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def words(self) -> str:
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            return f"within {left}{self.low:g}, {self.high:g}{right}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"{'<' if self.high_open else '<='} {self.high:g}"
+
+    def schema(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.low is not None:
+            out["exclusiveMinimum" if self.low_open else "minimum"] = self.low
+        if self.high is not None:
+            out["exclusiveMaximum" if self.high_open else "maximum"] = self.high
+        return out
+
+
+_SHARE, _DRAFT, _AT_LEAST_0, _AT_LEAST_1 = _Range(0, 1), _Range(0, 10), _Range(0), _Range(1)
+# Tables are found by their class or a base class (RouterConfig's bounds are its own
+# __post_init__'s, stated here for the schema).
+_BOUNDS: dict[type[Any], dict[str, _Range]] = {
+    ServerConfig: {"port": _Range(high=65535)},
+    UpstreamConfig: {"retry_budget_ratio": _SHARE, "retry_budget_min": _AT_LEAST_0},
+    BackendConfig: {"max_inflight": _AT_LEAST_1},
+    SpeculativeBackendConfig: {"num_speculative_tokens": _AT_LEAST_1, "draft_cost_ratio": _DRAFT},
+    RouteConfig: {"num_speculative_tokens": _AT_LEAST_0, "draft_cost_ratio": _DRAFT},
+    TuningConfig: {"default_temperature": _Range(0, 2), "creative_min_temperature": _AT_LEAST_0},
+    RouterConfig: {
+        "explore_max_regret": _AT_LEAST_0,
+        "probe_weight": _Range(0, low_open=True),
+        "prior_sd": _Range(0, 0.5, low_open=True),
+        "acceptance_memory": _AT_LEAST_1,
+        "drift_memory": _AT_LEAST_1,
+        "failure_memory": _AT_LEAST_1,
+        "contradiction_ratio": _Range(1, low_open=True),
+        "contradiction_after": _AT_LEAST_1,
+    },
+    GuardsConfig: {
+        "spec_max_inflight": _AT_LEAST_1,
+        "spec_max_kv_usage": _Range(0, 1, low_open=True),
+    },
+    OutcomeLogConfig: {"backups": _AT_LEAST_0},
+    RecordConfig: {"backups": _AT_LEAST_0, "sample_rate": _Range(0, 1, low_open=True)},
+    ShadowConfig: {"share": _SHARE, "max_inflight": _AT_LEAST_1},
+}
+
+
+def _declared(table: Mapping[type[Any], Mapping[str, Any]], cls: type[Any]) -> dict[str, Any]:
+    """What `table` declares for `cls` and its base classes (the class's own last)."""
+    return {k: v for klass in reversed(cls.__mro__) for k, v in table.get(klass, {}).items()}
+
+
 _POSITIVE: dict[type[Any], tuple[str, ...]] = {
     ServerConfig: (
         "port",
@@ -358,13 +430,25 @@ def _error(problems: list[str]) -> ConfigError:
 
 def normalize_backend_url(url: str, key: str = "backends") -> str:
     """Accept `http://h:p`, `http://h:p/` or `http://h:p/v1`; return the base."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"config: {key}: {url!r} is not an http(s) URL")
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
-    return f"{parts.scheme}://{parts.netloc}{path}"
+    problem = url_problem(url)
+    if problem is not None:
+        raise ConfigError(f"config: {key}: {url!r} {problem}")
+    return base_url(url)
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """What is allowed but likely a mistake, one line each: two routes on one server
+    (the tests and smoke runs do it on purpose, with one fake server for every route;
+    in production the router would compare a server with itself)."""
+    owners: dict[tuple[str, str, int, str], list[str]] = {}
+    for name, route in cfg.routes.items():
+        for key in dict.fromkeys(server_key(u) for u in route.urls):
+            owners.setdefault(key, []).append(name)
+    return [
+        f"routes {', '.join(names)} name the same server {scheme}://{host}:{port}{path}"
+        for (scheme, host, port, path), names in owners.items()
+        if len(names) > 1
+    ]
 
 
 def check_routes(cfg: Config) -> None:
@@ -416,9 +500,13 @@ def _routes_problems(cfg: Config) -> Iterator[str]:
     """Names a label and a header can hold; two routes or more; a policy that names one;
     by-index groups of as many URLs per route."""
     routes = cfg.routes
-    for name in routes:
-        if not ROUTE_NAME.match(name):
-            yield f"[routes.{name}]: a route's name is [a-z0-9][a-z0-9_-]*, at most 63 characters"
+    for name, route in routes.items():
+        if not ROUTE_NAME.fullmatch(name):
+            shown = name if re.fullmatch("[A-Za-z0-9_-]+", name) else json.dumps(name)
+            yield f"[routes.{shown}]: a route's name is [a-z0-9][a-z0-9_-]*, at most 63 characters"
+        keys = [server_key(u) for u in route.urls]
+        if len(set(keys)) < len(keys):
+            yield f"routes.{name}.urls: a server listed twice ({', '.join(route.urls)})"
     if len(routes) < 2:
         yield f"want two routes or more, got {len(routes)} ({', '.join(routes) or 'none'})"
     policy = cfg.routing.policy
@@ -459,44 +547,21 @@ def _table_problems(obj: Any, path: str) -> Iterator[str]:
     for name, allowed in _CHOICES.get(type(obj), {}).items():
         if getattr(obj, name) not in allowed:
             yield _not_one_of(key(name), getattr(obj, name), allowed)
-    if isinstance(obj, ServerConfig) and obj.port > 65535:
-        yield f"{key('port')} must be <= 65535, got {obj.port}"
-    if isinstance(obj, UpstreamConfig) and not (
-        0.0 <= obj.retry_budget_ratio <= 1.0 and obj.retry_budget_min >= 0
-    ):
-        yield f"{key('retry_budget_ratio')} must be in [0, 1], _min >= 0"
-    if isinstance(obj, TuningConfig):
-        if not 0.0 <= obj.default_temperature <= 2.0:
-            yield f"{key('default_temperature')} must be within [0, 2]"
-        if not obj.creative_min_temperature >= 0.0:
-            yield f"{key('creative_min_temperature')} must be >= 0"
-    if isinstance(obj, OutcomeLogConfig | RecordConfig) and obj.backups < 0:
-        yield f"{key('backups')} must be >= 0"
-    if isinstance(obj, RecordConfig) and not 0.0 < obj.sample_rate <= 1.0:
-        yield f"{key('sample_rate')} must be within (0, 1]"
-    if isinstance(obj, ShadowConfig):
-        if not 0.0 <= obj.share <= 1.0:
-            yield f"{key('share')} must be within [0, 1], got {obj.share}"
-        if obj.max_inflight < 1:
-            yield f"{key('max_inflight')} must be >= 1"
-    if isinstance(obj, BackendConfig):
-        if not obj.urls:
-            yield f"{key('urls')} must list at least one URL"
-        if obj.max_inflight < 1:
-            yield f"{key('max_inflight')} must be >= 1"
-    if isinstance(obj, SpeculativeBackendConfig) and (
-        obj.num_speculative_tokens < 1 or obj.draft_cost_ratio < 0
-    ):
-        yield (f"{path}: num_speculative_tokens must be >= 1 and draft_cost_ratio >= 0")
+    for name, bounds in _declared(_BOUNDS, type(obj)).items():
+        value = getattr(obj, name)
+        if value is not None and not bounds.holds(value):
+            yield f"{key(name)} must be {bounds.words()}, got {value}"
+    if isinstance(obj, ServerConfig) and not re.fullmatch(HOST, obj.host):
+        yield f"{key('host')} = {obj.host!r}: not a host name or IP address"
+    if isinstance(obj, BackendConfig) and not obj.urls:
+        yield f"{key('urls')} must list at least one URL"
     if isinstance(obj, SpeculativeBackendConfig | RouteConfig):
         k, method = obj.num_speculative_tokens, obj.method
-        if k < 0 or (k == 0) != (method == "none"):
+        if (k == 0) != (method == "none"):
             yield (
                 f"{key('num_speculative_tokens')} = {k} with {key('method')} = {method!r}:"
                 ' a route speculates (k >= 1, a method) or not (k = 0, "none")'
             )
-        if not 0.0 <= obj.draft_cost_ratio <= 10.0:
-            yield f"{key('draft_cost_ratio')} must be within [0, 10]"
     if isinstance(obj, OutcomeLogConfig) and obj.path:
         yield from _log_path_problems(key("path"), obj.path)
 
@@ -651,7 +716,7 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         return value
     if hint is Route:
-        if not (isinstance(value, str) and ROUTE_NAME.match(value)):
+        if not (isinstance(value, str) and ROUTE_NAME.fullmatch(value)):
             raise ConfigError(f"{key} must be a route's name, got {value!r}")
         return Route(value)
     if hint is str:
@@ -733,14 +798,19 @@ def _object_schema(cls: type[Any]) -> dict[str, Any]:
     comments = _field_comments(cls)
     properties: dict[str, Any] = {}
     required = []
+    patterns, bounds = _declared(_PATTERNS, cls), _declared(_BOUNDS, cls)
     for f in dataclasses.fields(cls):
         prop = _type_schema(hints[f.name])
         if f.name in _CHOICES.get(cls, {}):
             prop["enum"] = list(_CHOICES[cls][f.name])
-        if f.name in _PATTERNS.get(cls, {}):
-            prop["pattern"] = _PATTERNS[cls][f.name]
+        if f.name in patterns:  # a list's: each item's
+            prop.get("items", prop)["pattern"] = schema_pattern(patterns[f.name])
         if f.name in _POSITIVE.get(cls, ()):
             prop["exclusiveMinimum"] = 0
+        if f.name in bounds:
+            prop |= bounds[f.name].schema()
+        if f.name == "urls":
+            prop["minItems"] = 1
         if f.default is not dataclasses.MISSING and f.default is not None:
             default = f.default
             prop["default"] = default.value if isinstance(default, enum.Enum) else default
@@ -754,7 +824,39 @@ def _object_schema(cls: type[Any]) -> dict[str, Any]:
     if doc and not doc.startswith(f"{cls.__name__}("):  # not the dataclass's own signature
         schema["description"] = " ".join(doc.split("\n\n")[0].split())
     schema |= {"properties": properties, "additionalProperties": False}
-    return schema | ({"required": required} if required else {})
+    return schema | ({"required": required} if required else {}) | _ACROSS_KEYS.get(cls, {})
+
+
+_SPECULATES = {"num_speculative_tokens": {"minimum": 1}, "method": {"not": {"const": "none"}}}
+# The checks between keys of one table that the schema can state (a speculating route
+# and one that is not; the two ways of naming the servers), beside the key-by-key ones.
+_ACROSS_KEYS: dict[type[Any], dict[str, Any]] = {
+    SpeculativeBackendConfig: {"allOf": [{"properties": {"method": _SPECULATES["method"]}}]},
+    RouteConfig: {
+        "anyOf": [
+            {"properties": {"num_speculative_tokens": {"const": 0}, "method": {"const": "none"}}},
+            {"required": ["num_speculative_tokens", "method"], "properties": _SPECULATES},
+        ]
+    },
+    Config: {
+        "anyOf": [
+            {
+                "required": ["routes"],
+                "properties": {
+                    "routes": {"minProperties": 2},
+                    "backends": {"properties": {"speculative": False, "baseline": False}},
+                },
+            },
+            {
+                "required": ["backends"],
+                "properties": {
+                    "routes": {"maxProperties": 0},
+                    "backends": {"required": ["speculative", "baseline"]},
+                },
+            },
+        ]
+    },
+}
 
 
 def _type_schema(hint: Any) -> dict[str, Any]:
@@ -765,7 +867,7 @@ def _type_schema(hint: Any) -> dict[str, Any]:
         _, item = typing.get_args(hint)
         return {
             "type": "object",
-            "propertyNames": {"pattern": ROUTE_NAME.pattern},
+            "propertyNames": {"pattern": schema_pattern(_ROUTE)},
             "additionalProperties": _type_schema(item),
         }
     if origin is typing.Literal:
@@ -779,7 +881,7 @@ def _type_schema(hint: Any) -> dict[str, Any]:
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return {"type": "string", "enum": [str(m.value) for m in hint]}
     if hint is Route:
-        return {"type": "string", "pattern": ROUTE_NAME.pattern}
+        return {"type": "string", "pattern": schema_pattern(_ROUTE)}
     names = {float: "number", int: "integer", bool: "boolean", str: "string"}
     return {"type": names[hint]}
 

@@ -101,7 +101,7 @@ def request_id(request: web.Request) -> str:
 def request_id_of(headers: Mapping[str, str]) -> str:
     """The client's X-Request-Id if it is a safe token, else a fresh one."""
     given = headers.get("X-Request-Id", "")
-    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -7,11 +7,14 @@ import argparse
 import importlib
 import importlib.metadata
 import json
+import socket
 from pathlib import Path
 
 import pytest
 
+from classifier.types import Route
 from gateway import cli
+from gateway.backends.pool import url_label
 from gateway.cli import ENVIRONMENT, apply_environment, build_parser, main, resolve_config
 from gateway.config import Config
 from tooling.emulator.cli import build_parser as build_emulate_parser
@@ -153,7 +156,11 @@ def test_ext_proc_ports_fall_back_to_variables_then_defaults(
 @pytest.mark.parametrize(
     ("var", "value", "message"),
     [
-        ("SPECROUTE_PORT", "http", "specroute: SPECROUTE_PORT='http': not a port number"),
+        (
+            "SPECROUTE_PORT",
+            "http",
+            "specroute: SPECROUTE_PORT='http': not a port number (1-65535, ASCII digits)",
+        ),
         (
             "SPECROUTE_LOG_LEVEL",
             "loud",
@@ -207,3 +214,103 @@ def test_config_check_reads_the_file_serve_would(
     monkeypatch.setenv("SPECROUTE_CONFIG", str(clean_environment))
     assert main(["config", "--check"]) == 0
     assert capsys.readouterr().out == f"{clean_environment}: ok\n"
+
+
+# ---- hosts, ports and URLs from flags and variables: one line, exit 2 (issue 50, row j) ----
+
+
+@pytest.mark.parametrize(
+    ("variables", "argv", "message"),
+    [
+        ({"SPECROUTE_PORT": "99999"}, [], "SPECROUTE_PORT='99999': not a port number"),
+        ({"SPECROUTE_PORT": "\uff18\uff10\uff10\uff10"}, [], "not a port number"),
+        ({"SPECROUTE_PORT": "0"}, [], "SPECROUTE_PORT='0': not a port number"),
+        ({"SPECROUTE_PORT": "99999"}, ["--port", "70000"], "--port='70000': not a port number"),
+        ({}, ["--port", "-1"], "--port='-1': not a port number (1-65535, ASCII digits)"),
+        ({"SPECROUTE_HOST": "bad host"}, [], "SPECROUTE_HOST='bad host': not a host name or IP"),
+        ({}, ["--host", "999.1.1.1"], "--host='999.1.1.1': not a host name or IP address"),
+        ({}, ["--host", "h\n"], "--host='h\\n': not a host name or IP address"),
+        (
+            {},
+            ["--backend", "speculative=http://127.0.0.1:99999"],
+            "config: --backend speculative: 'http://127.0.0.1:99999' has a bad port",
+        ),
+        (
+            {},
+            ["--backend", "speculative=http://127.0.0.1:abc"],
+            "config: --backend speculative: 'http://127.0.0.1:abc' has a bad port",
+        ),
+        (
+            {},
+            ["--backend", "speculative=http://a:1/\r\nX: 1"],
+            "has a space or a control character",
+        ),
+    ],
+)
+def test_a_bad_host_port_or_url_is_one_line_and_exit_2(
+    clean_environment: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variables: dict[str, str],
+    argv: list[str],
+    message: str,
+) -> None:
+    for var, value in variables.items():
+        monkeypatch.setenv(var, value)
+    assert main(["serve", "--config", str(clean_environment), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specroute: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_ext_proc_ports_are_checked_too(
+    clean_environment: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SPECROUTE_METRICS_PORT", "65536")
+    assert main(["ext-proc", "--config", str(clean_environment)]) == 2
+    assert capsys.readouterr().err == (
+        "specroute: SPECROUTE_METRICS_PORT='65536': not a port number (1-65535, ASCII digits)\n"
+    )
+
+
+def test_a_host_that_does_not_resolve_is_one_line(
+    clean_environment: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before the bind, whose traceback it was; the resolver is stubbed (no DNS)."""
+
+    def unknown(*args: object, **kwargs: object) -> None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
+    assert main(["serve", "--config", str(clean_environment), "--host", "nowhere"]) == 2
+    assert capsys.readouterr().err == (
+        "specroute: cannot listen on nowhere:8000: [Errno -2] Name or service not known\n"
+    )
+
+
+def test_the_banner_never_shows_a_password() -> None:
+    config = resolve_config(
+        None,
+        None,
+        None,
+        ["speculative=http://user:s3cret@127.0.0.1:1/v1", "baseline=http://127.0.0.1:2"],
+    )
+    assert config.routes[Route.SPECULATIVE].urls == ("http://user:s3cret@127.0.0.1:1",)
+    line = cli._routes_line(config)
+    assert line == "speculative=http://127.0.0.1:1 baseline=http://127.0.0.1:2"
+    assert url_label("http://user:s3cret@[::1]:1") == "http://[::1]:1"
+    assert url_label("http://:s3cret@h:1/p") == "http://h:1/p"
+
+
+def test_config_check_warns_of_two_routes_on_one_server(
+    clean_environment: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared.toml"
+    shared.write_text(CONFIG.replace("http://b:2", "http://s:1/v1"))
+    assert main(["config", "--check", str(shared)]) == 0
+    out = capsys.readouterr()
+    assert (
+        out.err
+        == "specroute: warning: routes speculative, baseline name the same server http://s:1\n"
+    )
+    assert out.out == f"{shared}: ok\n"

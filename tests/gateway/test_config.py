@@ -23,8 +23,17 @@ from classifier import Endpoint, TokenCounter, Workload, extract_features
 from classifier.guards import GuardsConfig
 from classifier.router import RouterConfig
 from classifier.types import Route
+from gateway.addresses import BASE_URL, schema_pattern
 from gateway.cli import resolve_config
-from gateway.config import Config, ConfigError, Pairing, json_schema, load_config, parse_config
+from gateway.config import (
+    Config,
+    ConfigError,
+    Pairing,
+    config_warnings,
+    json_schema,
+    load_config,
+    parse_config,
+)
 from gateway.profiling.lifecycle import targets as profile_targets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -589,19 +598,26 @@ def test_the_schema_has_types_defaults_choices_and_descriptions() -> None:
     assert server["properties"]["port"] == {
         "type": "integer",
         "exclusiveMinimum": 0,
+        "maximum": 65535,
         "default": 8080,
     }
     assert "SIGTERM" in server["properties"]["drain_s"]["description"]
     routing = schema["properties"]["routing"]["properties"]
-    assert routing["policy"]["pattern"] == "^(profiled|rules|static-[a-z0-9][a-z0-9_-]{0,62})$"
+    assert routing["policy"]["pattern"] == (
+        r"^(?:profiled|rules|static-[a-z0-9][a-z0-9_-]{0,62})(?![\s\S])"
+    )
     assert routing["profile_path"]["description"].startswith("the profile's JSON file")
     tuning = routing["tuning"]["properties"]
     assert "benchmarks/one_gpu_scenarios.py" in tuning["switch_margin"]["description"]
-    assert tuning["rules"]["properties"]["default_route"]["pattern"].startswith("^[a-z0-9]")
+    assert tuning["rules"]["properties"]["default_route"]["pattern"].startswith("^(?:[a-z0-9]")
     routes = schema["properties"]["routes"]["additionalProperties"]["properties"]
     assert routes["method"]["default"] == "none"
     urls = schema["properties"]["backends"]["properties"]["speculative"]["properties"]["urls"]
-    assert urls == {"type": "array", "items": {"type": "string"}}
+    assert urls == {
+        "type": "array",
+        "items": {"type": "string", "pattern": schema_pattern(BASE_URL)},
+        "minItems": 1,
+    }
 
 
 # ---- several speculation configurations: [routes.NAME] ----------------------------------
@@ -713,3 +729,106 @@ def test_the_command_line_replaces_a_named_routes_url(tmp_path: Path) -> None:
     assert config.routes[Route("none")].urls == ("http://127.0.0.1:8002",)
     with pytest.raises(ConfigError, match=r"--backend speculative: not a route \(none, eagle3"):
         resolve_config(path, None, None, ["speculative=http://127.0.0.1:9"])
+
+
+# ---- names and addresses: matched whole, one line each (issue 50, rows e and j) ----
+
+
+def test_a_route_name_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
+    """`$` let "spec\\n" through; its header then failed every answer with a 500."""
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[routes."spec\\n"]\nurls = ["http://a:1"]\nmethod = "ngram"\nnum_speculative_tokens = 2\n'
+        '[routes.none]\nurls = ["http://b:1"]\n'
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert str(exc.value) == (
+        'config: [routes."spec\\n"]: a route\'s name is [a-z0-9][a-z0-9_-]*, at most 63 characters'
+    )
+    rules = {"tuning": {"rules": {"default_route": "none\n"}}}
+    with pytest.raises(ConfigError, match="default_route must be a route's name"):
+        parse_config({"routes": THREE, "routing": rules})
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://127.0.0.1:99999", "has a bad port: want 1-65535 in ASCII digits"),
+        ("http://127.0.0.1:abc", "has a bad port"),
+        ("http://127.0.0.1:0", "has a bad port"),
+        ("http://127.0.0.1:\uff18\uff10", "has a bad port"),  # full-width digits
+        ("http://127.0.0.1:8001\r\nX-Evil: 1", "has a space or a control character"),
+        ("http://127.0.0.1 :8001", "has a space or a control character"),
+        ("http://127.0.0.1:8001/v1?x=1", "has a ?query or #fragment"),
+        ("http://127.0.0.1:8001#top", "has a ?query or #fragment"),
+        ("http://999.1.1.1:8001", "has no valid host name or IP address"),
+        ("http://:8001", "has no valid host name or IP address"),
+        ("http://[::1:8001", "has no valid host name or IP address"),
+        ("ftp://x", "is not an http(s) URL"),
+        ("127.0.0.1:8001", "is not an http(s) URL"),
+        ("http://a:1/b c", "has a space or a control character"),
+        ("http://a:1/%zz", "is not a base URL"),
+    ],
+)
+def test_a_bad_url_is_one_line_naming_the_key(url: str, problem: str) -> None:
+    routes = {**THREE, "none": {"urls": [url]}}
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"routes": routes})
+    assert str(exc.value).startswith(f"config: routes.none.urls: {url!r} {problem}")
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("http://user:pw@vllm:8000/v1", "http://user:pw@vllm:8000"),
+        ("https://[::1]:8443/", "https://[::1]:8443"),
+        ("HTTP://My_Svc:80/prefix/v1", "http://My_Svc:80/prefix"),
+        ("http://vllm-none", "http://vllm-none"),
+    ],
+)
+def test_good_urls_keep_their_host_credentials_and_path(url: str, base: str) -> None:
+    config = parse_config({"routes": {**THREE, "none": {"urls": [url]}}})
+    assert config.routes[Route("none")].urls == (base,)
+
+
+def test_one_server_twice_in_a_route_is_refused_across_routes_warned() -> None:
+    twice = {**THREE, "none": {"urls": ["http://n:1", "http://N:1/"]}}
+    with pytest.raises(ConfigError, match=r"routes.none.urls: a server listed twice"):
+        parse_config({"routes": twice})
+    spec = {"urls": ["http://u:p@n:1/v1"], "method": "ngram", "num_speculative_tokens": 4}
+    shared = {**THREE, "ngram-k4": spec}
+    assert config_warnings(parse_config({"routes": shared})) == [
+        "routes none, ngram-k4 name the same server http://n:1"
+    ]
+    assert config_warnings(parse_config({"routes": THREE})) == []
+
+
+@pytest.mark.parametrize("host", ["bad host", "999.1.1.1", "", "host\n", "::1%eth0", "a..b"])
+def test_a_bad_listen_host_is_refused(host: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"backends": BACKENDS, "server": {"host": host}})
+    assert str(exc.value) == f"config: server.host = {host!r}: not a host name or IP address"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "::1", "localhost", "gw.example.com"])
+def test_listen_hosts_by_name_or_address_are_taken(host: str) -> None:
+    assert parse_config({"backends": BACKENDS, "server": {"host": host}}).server.host == host
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "message"),
+    [
+        ("server", {"port": 70000}, "server.port must be <= 65535, got 70000"),
+        ("upstream", {"retry_budget_ratio": 1.5}, "upstream.retry_budget_ratio must be within"),
+        ("upstream", {"retry_budget_min": -1}, "upstream.retry_budget_min must be >= 0, got -1"),
+        ("record", {"sample_rate": 0.0}, "record.sample_rate must be within (0, 1], got 0.0"),
+    ],
+)
+def test_numeric_bounds_are_one_line_with_the_value(
+    section: str, values: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"backends": BACKENDS, section: values})
+    assert str(exc.value) == f"config: {message}" or message in str(exc.value)
