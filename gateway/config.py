@@ -726,9 +726,19 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
     raise ConfigError(f"{key}: unsupported type {hint!r}")
 
 
+# Keys an earlier version read, and why they are gone: said instead of "unknown".
+_RETIRED = {
+    "switch_margin": "one cost model prices every move; remove it (docs/decision.md)",
+    "move_horizon_lives": "the followers' horizon is derived from the load; remove it "
+    "(docs/decision.md)",
+}
+
+
 def _unknown(cls: type[Any], path: str, name: str, value: Any) -> str:
     """An unknown key, with the table it belongs in or the key it is a typo of."""
     key = _join(path, name)
+    if name in _RETIRED:
+        return f"key {key!r} was retired: {_RETIRED[name]}"
     tables = _tables_of()
     elsewhere = [t for t in tables.get(name, ()) if t != path]
     if elsewhere:

@@ -133,14 +133,21 @@ def test_the_tuning_table_overrides_the_defaults_in_code() -> None:
     cfg = parse_config(
         {
             "backends": BACKENDS,
-            "routing": {"tuning": {"switch_margin": 0.1, "rules": {"prefill_ratio": 4.0}}},
+            "routing": {"tuning": {"prior_sd": 0.3, "rules": {"prefill_ratio": 4.0}}},
         }
     )
-    assert cfg.routing.tuning.switch_margin == 0.1
+    assert cfg.routing.tuning.prior_sd == 0.3
     assert cfg.routing.tuning.rules.prefill_ratio == 4.0
     assert cfg.routing.tuning.explore_max_regret == RouterConfig().explore_max_regret
-    with pytest.raises(ConfigError, match="switch_margin"):
-        parse_config({"backends": BACKENDS, "routing": {"tuning": {"switch_margin": 1.5}}})
+    with pytest.raises(ConfigError, match="prior_sd"):
+        parse_config({"backends": BACKENDS, "routing": {"tuning": {"prior_sd": 0.9}}})
+
+
+@pytest.mark.parametrize("key", ["switch_margin", "move_horizon_lives"])
+def test_a_retired_tuning_key_says_why_it_went(key: str) -> None:
+    """The carrier's two knobs went with it (one cost model): said, not "unknown"."""
+    with pytest.raises(ConfigError, match=f"key 'routing.tuning.{key}' was retired: .*remove it"):
+        parse_config({"backends": BACKENDS, "routing": {"tuning": {key: 0.1}}})
 
 
 @pytest.mark.parametrize(
@@ -313,7 +320,7 @@ FLOAT_KEYS = _float_keys(Config)
 
 
 def test_the_float_keys_are_found() -> None:
-    assert {"server.drain_s", "upstream.read_timeout_s", "routing.tuning.switch_margin"} <= set(
+    assert {"server.drain_s", "upstream.read_timeout_s", "routing.tuning.prior_sd"} <= set(
         FLOAT_KEYS
     )
     assert "backends.speculative.draft_cost_ratio" in FLOAT_KEYS
@@ -432,7 +439,7 @@ prot = 8080
 drain_s = -1
 [routing]
 polciy = "rules"
-switch_margin = 0.1
+prior_sd = 0.1
 [logging]
 level = "verbose"
 """
@@ -449,7 +456,7 @@ def test_a_file_with_several_wrong_keys_reports_every_one(tmp_path: Path) -> Non
         "  - unknown key 'server.prot' (did you mean 'server.port'?)\n"
         "  - server.drain_s must be > 0, got -1.0\n"
         "  - unknown key 'routing.polciy' (did you mean 'routing.policy'?)\n"
-        "  - unknown key 'routing.switch_margin': it belongs in [routing.tuning], not [routing] (docs/tuning.md)\n"
+        "  - unknown key 'routing.prior_sd': it belongs in [routing.tuning], not [routing] (docs/tuning.md)\n"
         "  - logging.level must be one of debug, info, warning, error, got 'verbose'"
     )
 
@@ -504,8 +511,8 @@ def test_a_string_where_a_list_is_meant_is_refused_with_the_fix(
             " [routing.tuning.rules], not [routing.tuning] (docs/tuning.md)",
         ),
         (
-            {"backends": BACKENDS, "upstream": {"swtich_margin": 0.1}},
-            "config: unknown key 'upstream.swtich_margin' (did you mean 'routing.tuning.switch_margin'?)",
+            {"backends": BACKENDS, "upstream": {"explore_max_regrett": 0.1}},
+            "config: unknown key 'upstream.explore_max_regrett' (did you mean 'routing.tuning.explore_max_regret'?)",
         ),
         (
             {"backends": {**BACKENDS, "pairs": "by_index"}},
@@ -608,7 +615,7 @@ def test_the_schema_has_types_defaults_choices_and_descriptions() -> None:
     )
     assert routing["profile_path"]["description"].startswith("the profile's JSON file")
     tuning = routing["tuning"]["properties"]
-    assert "benchmarks/one_gpu_scenarios.py" in tuning["switch_margin"]["description"]
+    assert "benchmarks/real_routes.py" in tuning["probe_weight"]["description"]
     assert tuning["rules"]["properties"]["default_route"]["pattern"].startswith("^(?:[a-z0-9]")
     routes = schema["properties"]["routes"]["additionalProperties"]["properties"]
     assert routes["method"]["default"] == "none"
