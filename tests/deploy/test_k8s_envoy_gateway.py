@@ -27,7 +27,7 @@ import yaml
 from classifier.types import PAIR
 from deploy.envoy.render import POOL_BOOTSTRAP
 from gateway.app import create_app
-from gateway.cli import _add_ext_proc_arguments
+from gateway.cli import _add_ext_proc_arguments, apply_environment
 from gateway.config import load_config
 from gateway.extproc.server import SERVICE
 from gateway.request.dispatch import ROUTE_HEADER
@@ -168,7 +168,10 @@ def _picker_args(dep: Obj) -> argparse.Namespace:
     assert args[0] == "ext-proc"
     parser = argparse.ArgumentParser(prog="specroute ext-proc")
     _add_ext_proc_arguments(parser)
-    return parser.parse_args(args[1:])  # an unknown flag exits: the test fails
+    parsed = parser.parse_args(args[1:])  # an unknown flag exits: the test fails
+    parsed.command = "ext-proc"
+    apply_environment(parsed)  # ports checked and made numbers, as the CLI does
+    return parsed
 
 
 def test_the_picker(rendered: list[Obj]) -> None:
