@@ -583,6 +583,9 @@ def _log_path_problems(key: str, path: str) -> Iterator[str]:
     except OSError as exc:
         yield f"{where}: {exc.strerror or exc}"
         return
+    except ValueError:  # os.stat refuses a NUL byte before asking the system
+        yield f"{where}: a path cannot hold a NUL byte"
+        return
     if stat.S_ISDIR(mode):
         yield f"{where}: is a directory, not a file"
     elif not stat.S_ISREG(mode):

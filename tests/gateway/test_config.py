@@ -839,3 +839,10 @@ def test_numeric_bounds_are_one_line_with_the_value(
     with pytest.raises(ConfigError) as exc:
         parse_config({"backends": BACKENDS, section: values})
     assert str(exc.value) == f"config: {message}" or message in str(exc.value)
+
+
+def test_an_outcome_log_path_with_a_nul_byte_is_one_line() -> None:
+    """os.stat raises ValueError, not OSError, on a NUL byte (the schema property test
+    found it): still a config error, not a traceback."""
+    with pytest.raises(ConfigError, match="cannot hold a NUL byte"):
+        parse_config({"backends": BACKENDS, "outcome_log": {"path": "/tmp/a\x00b"}})
