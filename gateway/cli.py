@@ -590,7 +590,7 @@ def _parse_backends(items: list[str]) -> dict[Route, str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.serve import serve
+    from gateway.serve import run, serve
 
     if args.emulate:
         try:
@@ -618,7 +618,7 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    asyncio.run(serve(config, reread if config_path is not None else None))
+    run(serve(config, reread if config_path is not None else None))
     return 0
 
 

@@ -199,7 +199,7 @@ async def _relay_whole(
     headers = dict(how.headers)
     headers["Content-Type"] = "application/json"
     headers.update({k: v for k in _PASSED_RESPONSE_HEADERS if (v := upstream.headers.get(k))})
-    response = web.StreamResponse(status=upstream.status, headers=headers)
+    response = _WholeResponse(status=upstream.status, headers=headers)
     response.content_length = len(payload)
     # Send it now: the parsing and accounting below are ours, not the client's, to wait for.
     await _to_client(request, meter, _send_whole(request, response, payload, how))
@@ -212,6 +212,14 @@ async def _relay_whole(
     elif upstream.status >= 500 and meter.error_kind is None:
         meter.fail("http_5xx")  # a 4xx is the client's, not the backend's, failure
     return response
+
+
+class _WholeResponse(web.StreamResponse):
+    """A whole answer: its headers leave with its first bytes, one write to the socket
+    instead of two (a small answer's second syscall was a tenth of the relay's CPU).
+    A stream's headers still leave at once: its first event may be seconds away."""
+
+    _send_headers_immediately = False
 
 
 async def _relay_stream(
