@@ -33,7 +33,7 @@ from tests.support import wait_until
 Client = TestClient[web.Request, web.Application]
 SHARE_ALL = {"share": 1.0}
 STRUCTURED = {  # the rules policy sends it to the speculative server (structured-low-temp)
-    "model": "m",
+    "model": "fake-model",
     "messages": [{"role": "user", "content": "Return the user as JSON."}],
     "response_format": {"type": "json_object"},
     "temperature": 0.0,
