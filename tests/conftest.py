@@ -3,12 +3,18 @@
 A skip there means a check that did not run behind a green result: a tool
 scripts/test.sh should have installed, an import that broke. tests/support.py's
 skip_unless_ci and require_tool already fail in CI; this catches any other
-skip (a pytest.skip, a skipif, an importorskip) and names it.
+skip (a pytest.skip, a skipif, an importorskip) and names it. Under pytest-xdist
+(scripts/test.sh's run on all cores) the workers' reports reach this plugin in the
+controller, which sets the exit status (tests/test_ci_skips.py runs both ways).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
+import structlog
 from pytest_aiohttp.plugin import AiohttpClient, AiohttpServer
 
 from tests.support import in_ci
@@ -44,6 +50,25 @@ class NoSkipsInCI:
 def pytest_configure(config: pytest.Config) -> None:
     if in_ci():
         config.pluginmanager.register(NoSkipsInCI(), "specroute-no-skips-in-ci")
+
+
+@pytest.fixture(autouse=True)
+def logging_left_as_found() -> Iterator[None]:
+    """Each test leaves structlog's configuration and the root logger as it found them.
+
+    `specroute serve` and other commands call configure_logging, which binds structlog's
+    printer to the sys.stderr of that moment: in a test, a capture closed after it. A
+    later test in the same process then logged into a closed file ("I/O operation on
+    closed file"), which only the suite's order hid; scripts/test.sh's run on all cores
+    gives each worker another order.
+    """
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
