@@ -148,7 +148,7 @@ def decision_cost(samples: int) -> list[tuple[str, float, float]]:
     import random
 
     from classifier import Endpoint, ProfiledPolicy, RouterConfig, extract_features
-    from classifier.router import prior_profile
+    from classifier.cost import prior_profile
     from classifier.tokens import load_tiktoken_counter
     from classifier.types import BackendState, LiveState, two_routes
 

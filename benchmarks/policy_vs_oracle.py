@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from classifier.features import Workload  # noqa: E402
-from classifier.router import STATE_FORMAT, PredictionErrors, ProfiledPolicy  # noqa: E402
+from classifier.persistence import STATE_FORMAT  # noqa: E402
+from classifier.router import PredictionErrors, ProfiledPolicy  # noqa: E402
 from classifier.tokens import load_tiktoken_counter  # noqa: E402
 from classifier.types import Route  # noqa: E402
 from gateway.app import create_app  # noqa: E402

@@ -22,7 +22,7 @@ from classifier import (
     Workload,
     extract_features,
 )
-from classifier.router import prior_profile
+from classifier.cost import prior_profile
 from classifier.types import PAIR, two_routes
 
 # database=None: keep hypothesis from writing .hypothesis/ into the repo.

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from classifier.acceptance_model import FEATURE_NAMES, SCHEMA
+from classifier.cost import prior_profile
+from classifier.persistence import STATE_FORMAT
 from classifier.profile import EngineProfile
-from classifier.router import STATE_FORMAT, prior_profile
 from classifier.tokens import TokenCounter
 from classifier.types import two_routes
 from gateway.app import create_app
