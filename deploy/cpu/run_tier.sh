@@ -6,9 +6,9 @@
 #
 # Default pytest args: -m vllm tests/vllm, less the tests that need the
 # pair with per-request metrics off (tests/vllm/test_counters_real_vllm.py);
-# with --spec-metrics off, those alone. Uses the project's dev venv
-# (.venv/bin/python) when present, else python3. Exits with pytest's status
-# (or up.sh's when the pair does not start).
+# with --spec-metrics off, those alone; each test's time over 2 s is printed.
+# Uses the project's dev venv (.venv/bin/python) when present, else python3.
+# Exits with pytest's status (or up.sh's when the pair does not start).
 #
 # Unless --spec-metrics off, it also starts the three-route trio's third server
 # (up.sh --ngram-k2: n-gram k = 2) and exports SPECROUTE_VLLM_NGRAM_K2, for
@@ -50,6 +50,7 @@ if [[ ${#pytest_args[@]} -eq 0 ]]; then
     else
         pytest_args=(-m vllm tests/vllm "--ignore=$metrics_off_tests")
     fi
+    pytest_args+=(--durations=0 --durations-min=2)  # where the tier's time goes, in every log
 fi
 
 python_bin="$root/.venv/bin/python"

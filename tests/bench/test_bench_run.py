@@ -24,6 +24,9 @@ from gateway.cli import main
 from gateway.config import ConfigError
 from tooling.bench.cli import add_arguments, options
 
+# serial: the table's verdicts (faster, SPECULATE) come from emulated runs timed in real time
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[2]
 
 WORKLOADS = ["structured", "creative", "rag"]

@@ -12,6 +12,7 @@ SMOKE = ("default", "inverted", "non-stream")
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # 52 s alone, 173-180 s of its 180 s limit beside the parallel run
 @pytest.mark.timeout(200)
 def test_adaptation_benchmark_smoke() -> None:
     proc = run_benchmark("adaptation.py", "--smoke", timeout=180)

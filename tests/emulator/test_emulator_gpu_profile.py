@@ -145,6 +145,7 @@ async def _beside(gpu: SharedGpu, cost_s: float, until: float, steps: list[float
         steps.append(clock - start)
 
 
+@pytest.mark.serial  # wall-clock steps, each ratio within 10%
 async def test_two_servers_on_one_gpu_are_time_sliced_as_measured() -> None:
     """measured/tables.md, "Two processes on one GPU": each row within 10%.
 

@@ -83,7 +83,7 @@ from tooling.chaos import (
 )
 from tooling.local_stack import serve_app
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(110)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(110), pytest.mark.serial]  # timed waits
 HEALTH_P90_BOUND_MS = 25.0  # or twice the idle p90; the target (a p99) is in the docstring
 
 TIME_SCALE = 1.0

@@ -43,6 +43,8 @@ from tests.gateway.test_observability import samples
 from tests.gateway.test_routing import chat
 from tests.support import wait_until
 
+pytestmark = pytest.mark.serial  # a failure must show within PROMPT_S of wall-clock time
+
 Client = TestClient[web.Request, web.Application]
 SPEC = {"x-specroute-route": "speculative"}
 READ_TIMEOUT_S = 0.3

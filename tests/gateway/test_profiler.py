@@ -27,6 +27,8 @@ from tests.support import wait_until
 from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step_ms
 from tooling.local_stack import gateway_config, local_stack, serve_app
 
+pytestmark = pytest.mark.serial  # measures emulated steps in wall-clock time, within 10-20%
+
 SCALE = 1.0  # steps of 8-17 ms: the event loop's own overhead is a small part of them
 
 

@@ -30,6 +30,9 @@ from tests.gateway.conftest import GatewayFactory, ServerFactory, make_config
 from tests.gateway.fake_upstream import FakeUpstream, backend_app
 from tests.support import wait_until
 
+# serial: copies go out in idle time and give way within real-time windows
+pytestmark = pytest.mark.serial
+
 Client = TestClient[web.Request, web.Application]
 SHARE_ALL = {"share": 1.0}
 STRUCTURED = {  # the rules policy sends it to the speculative server (structured-low-temp)

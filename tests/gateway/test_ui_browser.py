@@ -40,7 +40,8 @@ from tooling.bench.targets import wait_for_profile
 from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
 from tooling.local_stack import MODEL, gateway_config, local_stack, serve_app
 
-pytestmark = pytest.mark.slow
+# serial: a browser, and the page's verdict on which emulated server was faster
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # Without the background-networking flags Chromium keeps calling out to a
 # network this machine does not have; Playwright gives it a fresh profile.
