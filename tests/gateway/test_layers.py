@@ -14,6 +14,7 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 
 # Bottom first, as docs/ARCHITECTURE.md draws them; one line, one layer.
 LAYERS = [
+    ["addresses"],
     ["config"],
     ["files"],
     ["telemetry", "errors"],

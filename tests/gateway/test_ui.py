@@ -24,10 +24,11 @@ from classifier.router import ProfiledPolicy
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import UiConfig, parse_config
-from gateway.state import METRICS, RUNTIME
+from gateway.state import BACKENDS, METRICS, RUNTIME
 from tests.gateway.conftest import ClientFactory, GatewayFactory
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_routing import SCHEMA, chat
+from tests.support import wait_until
 from tooling.local_stack import local_stack
 
 Client = TestClient[web.Request, web.Application]
@@ -214,6 +215,8 @@ async def test_nothing_from_the_page_is_logged_beyond_the_usual_request_line(
     gateway: Client,
 ) -> None:
     secret = "my-very-private-prompt-7781"
+    pool = gateway.app[BACKENDS]  # the prober's first read of the models logs once: before
+    await wait_until(lambda: all(u.models for b in pool for u in b.upstreams), "models read")
     with capture_logs() as logs:
         assert (await gateway.get("/ui")).status == 200
         assert (await gateway.get("/ui/app.js")).status == 200
