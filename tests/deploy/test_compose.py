@@ -37,7 +37,7 @@ from deploy.gpu.sizing import (
     plan_example,
     plan_route_example,
 )
-from gateway.cli import _add_ext_proc_arguments, _add_serve_arguments
+from gateway.cli import _add_ext_proc_arguments, _add_serve_arguments, apply_environment
 from gateway.config import load_config
 from tests.deploy.conftest import DEPLOY, ROOT, run
 from tests.support import require_tool
@@ -305,7 +305,10 @@ def _picker_args(command: list[str]) -> argparse.Namespace:
     assert command[0] == "ext-proc"
     parser = argparse.ArgumentParser(prog="specroute ext-proc")
     _add_ext_proc_arguments(parser)
-    return parser.parse_args(command[1:])
+    parsed = parser.parse_args(command[1:])
+    parsed.command = "ext-proc"
+    apply_environment(parsed)  # ports checked and made numbers, as the CLI does
+    return parsed
 
 
 def test_the_picker_and_its_config(envoy_compose: dict[str, Any]) -> None:
@@ -484,7 +487,10 @@ def _serve_args(command: list[str]) -> argparse.Namespace:
     assert command[0] == "serve"
     parser = argparse.ArgumentParser(prog="specroute serve")
     _add_serve_arguments(parser)
-    return parser.parse_args(command[1:])
+    parsed = parser.parse_args(command[1:])
+    parsed.command = "serve"
+    apply_environment(parsed)
+    return parsed
 
 
 def test_the_emulated_compose_needs_no_gpu_and_no_settings() -> None:
