@@ -323,7 +323,7 @@ class ProfiledPolicy:
             why["acceptance_drawn"] = {r.value: round(v, 4) for r, v in drawn.items()}
             if pick != route and cost[pick] <= limit:
                 route, reason, rule = pick, "explore", "thompson-draw"
-        if profile.source == "prior" and rule != "guard":
+        if profile.source == "prior" and rule not in ("guard", "unhealthy"):
             reason = "unprofiled"
         why["rule"] = rule
         if guards:

@@ -417,3 +417,12 @@ def test_a_route_not_run_yet_takes_the_drift_the_others_measured() -> None:
     for _ in range(60):
         policy.learn(answer(policy, f, SPEC, 0.5))
     assert policy.drift()[SPEC] < spec_drift
+
+
+def test_an_unhealthy_fallback_says_so_before_any_profile() -> None:
+    """On the built-in prior a decision says "unprofiled", but not one that fell back
+    from an unhealthy route: the chaos run leaves those probes out by that reason (a
+    restarted server answers /health before the gateway readmits it)."""
+    down = LiveState.pair(BackendState(inflight=20), BackendState(healthy=False))
+    assert make().decide(feats(Workload.CREATIVE, 1.2), down).reason == "unhealthy-fallback"
+    assert make().decide(feats(Workload.CREATIVE, 1.2), IDLE).reason == "unprofiled"
