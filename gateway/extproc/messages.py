@@ -66,6 +66,17 @@ def request_headers_reply(response: pb.CommonResponse | None = None) -> pb.Proce
     )
 
 
+def unrouted_reply() -> pb.ProcessingResponse:
+    """The request headers of a request the picker does not route (/v1/models, /health):
+    Envoy is told to send nothing more of it (no answer's headers or body), one message
+    instead of three. Envoy honours it where the filter has allow_mode_override
+    (deploy/envoy/envoy.yaml); elsewhere it is ignored and the picker passes the rest."""
+    reply = request_headers_reply()
+    reply.mode_override.response_header_mode = pb.ProcessingMode.SKIP
+    reply.mode_override.response_body_mode = pb.ProcessingMode.NONE
+    return reply
+
+
 def request_body_reply(
     response: pb.CommonResponse | None = None, metadata: struct_pb2.Struct | None = None
 ) -> pb.ProcessingResponse:

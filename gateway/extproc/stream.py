@@ -142,8 +142,8 @@ class PickerStream:
         endpoint = None
         if headers.get(":method") == "POST":
             endpoint = _PATHS.get(headers.get(":path", "").split("?", 1)[0])
-        if endpoint is None:  # not routed: Envoy's default route takes it
-            return [messages.request_headers_reply()]
+        if endpoint is None:  # not routed: Envoy's default route takes it, unread
+            return [messages.unrouted_reply()]
         self.life = life = RequestLife.start(
             request_id_of({"X-Request-Id": headers.get("x-request-id", "")}),
             endpoint,
