@@ -716,12 +716,17 @@ def _wait_counts(s: Sent, timeline: Timeline, watch: Watch) -> bool:
     50 ms first token, whichever router). Nor a probe its server's saturation overtook:
     sent before the saturation began, it was still waiting for its first token when 40
     streams arrived beside it (on a busy 2-core run, 2.08x, sent at the saturation's
-    start, where no router could have known)."""
+    start, where no router could have known). Nor a probe the gateway moved off its
+    choice (x-specroute-failover): its first choice was at the gateway's admission limit
+    (max_inflight, the engine's max_num_seqs here: the saturation holds every slot of
+    it through the gateway, while the engines' own count can read one below) or failed,
+    so the server that answered was the one that could."""
     return (
         s.kind == "probe"
         and s.ok
         and s.route is not None
         and s.reason != "unhealthy-fallback"
+        and s.failover_from is None
         and watch.room_at(_other(s.route), s.started)
         and not timeline.hit("stall", s.route, s.started, s.ended)
         and not timeline.began("saturate", s.route, s.started, first_token(s))
