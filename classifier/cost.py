@@ -82,8 +82,7 @@ def prior_profile(routes: Sequence[RouteSpec] = TWO_ROUTES) -> EngineProfile:
             ttft=Curve(
                 (1.0, longest),
                 tuple(
-                    (_PRIOR_TTFT_S + _PRIOR_TTFT_PER_TOKEN_S * n) * prefill
-                    for n in (1.0, longest)
+                    (_PRIOR_TTFT_S + _PRIOR_TTFT_PER_TOKEN_S * n) * prefill for n in (1.0, longest)
                 ),
             ),
             step=Curve(batches, tuple(s * factor for s in base_step)),
