@@ -9,7 +9,7 @@
 # RUNS defaults to 20, SPINNERS (busy loops, each a process of its own) to 1.
 # Prints one line per run (pass/fail, seconds) and a closing "N passed, N failed".
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 test_node="${1:?usage: flake_check.sh TEST_NODE [RUNS] [SPINNERS]}"
 runs="${2:-20}"
 spinners="${3:-1}"
