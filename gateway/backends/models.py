@@ -8,8 +8,8 @@ on it (`Upstream.models`; None until one is read: unknown, never a reason to ref
 A route serves a model when every endpoint of it whose models are known lists it: a
 request for the model may go to any of them. For one request, a route known not to serve
 its model is unavailable (`ModelFilter`): marked unhealthy in the decision's state, left
-out of the failover order, and never chosen while a route that serves it is left. With
-no route left, the gateway answers 404 model_not_found itself. Each endpoint that lacks
+out of the failover order, and never chosen while a route that serves it is left. A model
+no route serves goes on unchanged, and vLLM answers its own 404. Each endpoint that lacks
 a model another route serves is logged once (a warning), again only after its models
 change. /ready is 503 while the routes serve no model in common, naming what each lacks
 (the config names no model); /v1/models lists every model with the routes that serve it.
@@ -27,7 +27,6 @@ import structlog
 
 from classifier.types import LiveState, Route
 from gateway.backends.scraper import read_limited
-from gateway.errors import APIError
 
 if TYPE_CHECKING:
     from gateway.backends.pool import Backend, BackendPool, Upstream
@@ -118,18 +117,15 @@ class ModelFilter:
 
     @classmethod
     def of(cls, pool: BackendPool, body: Mapping[str, Any]) -> ModelFilter:
-        """The request's filter; raises 404 model_not_found when no route serves its model."""
+        """The request's filter. A model no route serves filters nothing: the request goes
+        on unchanged and vLLM answers its own 404, the body a client of vLLM expects (the
+        real tier's SDK test compares them field by field)."""
         model = body.get("model")
         if not isinstance(model, str):
             return cls(None)  # vLLM answers with its own model, or its own error
         lacking = frozenset(b.route for b in pool if _lacks(b, model))
         if lacking and len(lacking) == sum(1 for _ in pool):
-            raise APIError(
-                404,
-                f"The model `{model[:200]}` does not exist: no route serves it",
-                param="model",
-                code="model_not_found",
-            )
+            return cls(model)
         for backend in pool:  # a model some route serves: the others lacking it are news
             if backend.route in lacking:
                 _warn(backend, model)

@@ -192,7 +192,7 @@ class PickerStream:
     async def _decide(self, life: RequestLife, raw: bytes) -> list[pb.ProcessingResponse]:
         app, config = self.app, self.snapshot.config
         body, features = await self._analyse(raw, life.endpoint)
-        served = ModelFilter.of(app[BACKENDS], body)  # no route has the model: 404
+        served = ModelFilter.of(app[BACKENDS], body)  # no route has the model: vLLM's 404
         pair, state = live_state(app, served)
         forced = route_override(self._headers.get(ROUTE_HEADER), config)
         decision = forced or steer_to_model(
