@@ -183,7 +183,12 @@ def parse_metrics(text: str) -> Scrape:
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # vLLM's server (uvicorn) closes a connection idle for 5 s; aiohttp keeps one 15 s by
+    # default, so a request after a longer settle could be written onto a connection the
+    # server was closing ("Cannot write to closing transport" while priming, a fresh
+    # clone on 2026-12-07). Idle connections are dropped here first.
+    connector = aiohttp.TCPConnector(keepalive_timeout=2.0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         yield session
 
 
