@@ -124,6 +124,9 @@ def _current_keys(request: web.Request) -> Keys:
     return request.app[RUNTIME].current.keys
 
 
+UPSTREAM_KEEPALIVE_S = 4.0  # under uvicorn's timeout_keep_alive, 5 s
+
+
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     upstream = app[CONFIG].upstream
     endpoints = sum(len(route.urls) for route in app[CONFIG].routes.values())
@@ -131,6 +134,9 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         limit=upstream.pool_size * endpoints,  # pool_size per backend server
         limit_per_host=upstream.pool_size,
         enable_cleanup_closed=False,
+        # vLLM's server (uvicorn) closes a connection idle for 5 s; one kept longer here
+        # could take a request the server is closing (the real tier's client met it).
+        keepalive_timeout=UPSTREAM_KEEPALIVE_S,
     )
     async with aiohttp.ClientSession(
         connector=connector,
