@@ -223,7 +223,7 @@ def followers(
         batch = max(round(load) + 1, 1)
         life = {
             r: route_of(profile, r).ttft.at(prompt)
-            + _carry(profile, r, coming, batch, 0.0, learned) * max(output - 1.0, 0.0)
+            + _carry(profile, r, coming, batch, learned) * max(output - 1.0, 0.0)
             for r in members
         }
         best = min(life.values())
@@ -236,13 +236,11 @@ def _carry(
     route: Route,
     mix: Mapping[Workload, float],
     total: int,
-    sds: float,
     learned: Learned,
 ) -> float:
     """Seconds per token of each sequence with `route` carrying the whole batch alone,
     the prefill of the prompts that arrive meanwhile included on a measured profile
-    (one per request per life); each workload's acceptance `sds` posterior sds above
-    its mean."""
+    (one per request per life); each workload's acceptance at its posterior mean."""
     rp = route_of(profile, route)
     step = rp.step.at(total) * learned.drift(route)
     # Weighed by the tokens each workload generates: a sequence's decode lasts its
@@ -250,9 +248,7 @@ def _carry(
     weights = learned.traffic.output_weights(mix)
     per_token = 0.0
     for workload, weight in weights.items():
-        belief = learned.belief(route, workload)
-        rho = min(1.0, max(0.0, belief.mean + sds * belief.sd))
-        per_token += weight / _tau(rp, rho)
+        per_token += weight / _tau(rp, learned.belief(route, workload).mean)
     decode = step * per_token / sum(weights.values())
     if profile.source == "prior":  # its first-token curve is a guess, as in price
         return decode
