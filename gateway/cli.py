@@ -323,10 +323,10 @@ def apply_environment(args: argparse.Namespace) -> None:
             continue
         if dest in ("host", "port", "metrics_port"):
             setattr(args, dest, _address(dest, value, var))
-        elif dest == "log_level":
-            if value not in _LEVELS:
+        elif dest == "log_level":  # WARNING or warning: the case is not the level
+            if value.lower() not in _LEVELS:
                 raise ConfigError(f"{var}={value!r}: must be one of {', '.join(_LEVELS)}")
-            setattr(args, dest, value)
+            setattr(args, dest, value.lower())
         else:
             setattr(args, dest, Path(value) if dest == "config" else value)
     if args.command == "ext-proc":
@@ -375,6 +375,7 @@ def _add_config_arguments(p: argparse.ArgumentParser) -> None:
 def _add_log_level_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-level",
+        type=str.lower,  # --log-level WARNING as well
         choices=_LEVELS,
         default=None,
         help="instead of logging.level (env: SPECROUTE_LOG_LEVEL; default: the config's, info)",
