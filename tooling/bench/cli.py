@@ -141,6 +141,13 @@ def options(args: argparse.Namespace, argv: list[str]) -> BenchOptions:
         if name.strip() in targets:
             raise ConfigError(f"--target {name}: given twice")
         targets[name.strip()] = normalize_backend_url(url.strip(), f"--target {name}")
+    if args.plot is not None:  # now, not after the whole run
+        from tooling.bench.plot import PlotUnavailable, pyplot
+
+        try:
+            pyplot()
+        except PlotUnavailable as exc:
+            raise ConfigError(f"bench: {exc}") from None
     if (args.routes or args.pair_with) and not args.emulate:
         raise ConfigError(
             "--routes starts EMULATED servers and needs --emulate (real ones: "

@@ -16,6 +16,7 @@ dependency (the `bench` extra): without it, PlotUnavailable says how to get it.
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from tooling.bench.intervals import Interval, conclusion
@@ -41,7 +42,10 @@ def _color(name: str, names: list[str]) -> str:
     return COLORS.get(name) or _EXTRA[names.index(name) % len(_EXTRA)]
 
 
-def plot(doc: dict[str, Any], path: Path) -> None:
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot on the Agg backend, or PlotUnavailable saying how to get it.
+    The bench calls it before it starts anything: a missing matplotlib found after the
+    whole run would cost the run."""
     try:
         import matplotlib
 
@@ -51,6 +55,11 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         raise PlotUnavailable(
             f"--plot needs matplotlib: pip install './tooling[bench]' ({exc})"
         ) from None
+    return plt
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
     names = list(doc["targets"])
     loads = [r["load"] for r in doc["overall"]]
     workloads = list(dict.fromkeys(r["workload"] for r in doc["rows"]))
