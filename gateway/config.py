@@ -412,14 +412,30 @@ def load_config(path: str | Path) -> Config:
 
 
 def parse_config(raw: Mapping[str, Any]) -> Config:
-    """The config, or one ConfigError that lists every problem of `raw`."""
+    """The config, or one ConfigError that lists every problem of `raw`: the tables'
+    (types, values) and the routes' (names, policy, devices) in one pass, so that
+    fixing one does not uncover the next. A bad value has its default in place, so the
+    routes' checks still run; not where a server table could not be built at all
+    (they would only say it is missing)."""
     problems: list[str] = []
     cfg = _build(Config, raw, "", problems)
-    if cfg is not None and not problems:
+    if cfg is not None and _servers_built(cfg, raw):
         cfg = _resolve_routes(cfg, problems)
     if problems or cfg is None:
         raise _error(problems or ["top level: not a config"])
     return typing.cast(Config, cfg)
+
+
+def _servers_built(cfg: Config, raw: Mapping[str, Any]) -> bool:
+    """Every [routes.NAME] and [backends.ROUTE] table of `raw` is in `cfg`."""
+    routes, backends = raw.get("routes", {}), raw.get("backends", {})
+    if not isinstance(routes, Mapping) or len(routes) != len(cfg.routes):
+        return False
+    if not isinstance(backends, Mapping):
+        return False
+    return all(
+        getattr(cfg.backends, r) is not None for r in ("speculative", "baseline") if r in backends
+    )
 
 
 def _error(problems: list[str]) -> ConfigError:
