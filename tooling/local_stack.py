@@ -39,7 +39,7 @@ from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import Config, parse_config
 from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
-from tooling.emulator.config import DEFAULT_GPU_PROFILE
+from tooling.emulator.config import DEFAULT_GPU_PROFILE, drafter_method
 from tooling.emulator.costs import describe_gpu, draft_cost_ratio
 from tooling.emulator.dynamic import Schedule
 
@@ -152,7 +152,7 @@ async def local_stack(
         time_scale=time_scale,
         per_request_spec_decode_metrics="summary",
         gpu_profile=gpu_profile,
-        drafter=drafter,  # type: ignore[arg-type]  # checked by EmulatorConfig
+        drafter=drafter,
     )
     base_cfg = replace(spec_cfg, mode="baseline", per_request_spec_decode_metrics="none")
     runners: list[web.AppRunner] = []
@@ -188,10 +188,6 @@ async def local_stack(
             await runner.cleanup()
 
 
-# vLLM's --speculative-config "method" for each emulated drafter (the gateway's label).
-METHODS = {"eagle3": "eagle3", "draft-1b": "draft_model", "ngram": "ngram"}
-
-
 @dataclass(frozen=True, slots=True)
 class EmulatedRoute:
     """One route of an emulated N-route stack: `none`, or DRAFTER:K (eagle3:3 is route
@@ -209,11 +205,11 @@ class EmulatedRoute:
         text = text.strip()
         if text == "none":
             return cls(None)
-        drafter, sep, k = text.partition(":")
-        if drafter not in METHODS or not sep or not k.isdigit() or int(k) < 1:
+        drafter, sep, k = text.rpartition(":")
+        if not drafter or not sep or not k.isdigit() or int(k) < 1:
             raise ValueError(
-                f"--routes: {text!r}: want none or DRAFTER:K, DRAFTER one of "
-                f"{', '.join(METHODS)} and K >= 1 (e.g. eagle3:3)"
+                f"--routes: {text!r}: want none or DRAFTER:K, DRAFTER one the GPU profile "
+                "measured and K >= 1 (e.g. eagle3:3)"
             )
         return cls(drafter, int(k))
 
@@ -223,7 +219,7 @@ class EmulatedRoute:
         return replace(
             plain,
             mode="speculative",
-            drafter=self.drafter,  # type: ignore[arg-type]  # checked by parse (METHODS)
+            drafter=self.drafter,  # checked by EmulatorConfig against the GPU profile
             num_speculative_tokens=self.k,
             per_request_spec_decode_metrics="summary",
         )
@@ -234,7 +230,7 @@ class EmulatedRoute:
             return {"urls": [url], "method": "none"}
         return {
             "urls": [url],
-            "method": METHODS[self.drafter],
+            "method": drafter_method(emulator),
             "num_speculative_tokens": self.k,
             "draft_cost_ratio": draft_cost_ratio(emulator),
         }

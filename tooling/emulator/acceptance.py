@@ -30,7 +30,7 @@ import random
 import re
 from typing import Literal
 
-from .config import EmulatorConfig
+from .config import EmulatorConfig, drafter_method
 
 Kind = Literal["structured", "code", "chat", "creative"]
 
@@ -44,11 +44,12 @@ _CREATIVE = re.compile(
     re.IGNORECASE,
 )
 
-# Per drafter and kind, before temperature and jitter (sources: CALIBRATION.md).
+# Per drafter (by vLLM's method, as its GPU profile names it) and kind, before temperature
+# and jitter (sources: CALIBRATION.md). Any other method takes draft_model's levels.
 DRAFTER_ACCEPTANCE: dict[str, dict[Kind, float]] = {
     # Assumed, not measured: the levels the emulator had, set so that its first GPU
     # reproduced the talk's 1.6x for structured output.
-    "draft-1b": {"structured": 0.80, "code": 0.75, "chat": 0.50, "creative": 0.25},
+    "draft_model": {"structured": 0.80, "code": 0.75, "chat": 0.50, "creative": 0.25},
     # Chat and code from the published acceptance lengths of yuhuili/EAGLE3-LLaMA3.1-
     # Instruct-8B at K=7, temperature 1 (MT-bench 2.77 -> a 0.65, HumanEval 3.49 -> a 0.74);
     # structured as the 1B (the grammar forces those tokens for any drafter); creative
@@ -86,7 +87,9 @@ def base_acceptance(c: EmulatorConfig, kind: Kind, temperature: float) -> float:
 def kind_acceptance(c: EmulatorConfig, kind: Kind) -> float:
     """A kind's level: the config's knob where set, else the drafter's default."""
     knob: float | None = getattr(c, f"acceptance_{kind}")
-    return DRAFTER_ACCEPTANCE[c.drafter][kind] if knob is None else knob
+    if knob is not None:
+        return knob
+    return DRAFTER_ACCEPTANCE.get(drafter_method(c), DRAFTER_ACCEPTANCE["draft_model"])[kind]
 
 
 def request_acceptance(

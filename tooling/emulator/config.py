@@ -22,12 +22,11 @@ from .dynamic import (
     schedule_arg,
     to_json,
 )
-from .gpu.profile import load_gpu_profile, profile_names
+from .gpu.profile import GpuProfile, load_gpu_profile, profile_names
 
 Mode = Literal["speculative", "baseline", "dynamic"]
 SPECULATIVE_MODES = ("speculative", "dynamic")
 SpecMetricsLevel = Literal["none", "summary", "detailed"]
-Drafter = Literal["draft-1b", "eagle3", "ngram"]
 DEFAULT_GPU_PROFILE = "h200-llama3.1-8b"  # the talk's setup, measured (gpu/measured/)
 ROOFLINE = "roofline"
 # The roofline's knobs (costs.py): they price steps only with --gpu-profile roofline.
@@ -71,15 +70,15 @@ class EmulatorConfig:
     gpu_profile: str = _knob(
         DEFAULT_GPU_PROFILE,
         f"the measured GPU and target model whose step costs this server runs on: "
-        f"{', '.join(profile_names())}, or {ROOFLINE} (NOT measured: the knobs below)",
+        f"{', '.join(profile_names())}, a profile file PATH.json (`specroute gpu build`, "
+        f"docs/own-gpu.md), or {ROOFLINE} (NOT measured: the knobs below)",
     )
-    drafter: Drafter = field(
-        default="draft-1b",
-        metadata={
-            "help": "speculative and dynamic modes: draft-1b (a separate 1B draft model), "
-            "eagle3 (an EAGLE-3-like head) or ngram (prompt lookup, no model pass); sets the "
-            "measured drafter's cost and the default acceptance per workload (acceptance.py)"
-        },
+    drafter: str = _knob(
+        "",
+        "speculative and dynamic modes: a drafter the GPU profile measured (default: its "
+        f"first; {DEFAULT_GPU_PROFILE}: draft-1b, a separate 1B draft model, eagle3, an "
+        "EAGLE-3-like head, or ngram, prompt lookup with no model pass); sets the drafter's "
+        "cost and, by its vLLM method, the default acceptance per workload (acceptance.py)",
     )
     # Roofline step-cost model (ms at time_scale 1), --gpu-profile roofline only; costs.py.
     step_overhead_ms: float = _knob(2.0, "fixed cost of every step: launch, sampling, scheduling")
@@ -135,6 +134,8 @@ class EmulatorConfig:
     fault_limit: int = _knob(0, "apply status/drop/stall faults to N requests only (0 = all)")
 
     def __post_init__(self) -> None:
+        if not self.drafter:  # stored resolved: every reader sees the drafter it runs
+            object.__setattr__(self, "drafter", _default_drafter(self.gpu_profile))
         problems = list(_problems(self))
         schedule = self.num_speculative_tokens_per_batch_size
         if schedule is not None and self.mode != "dynamic":
@@ -209,20 +210,44 @@ def _problems(c: EmulatorConfig) -> list[str]:
     return out
 
 
+def _measured(gpu_profile: str) -> GpuProfile:
+    """The profile whose drafters a config may name (the roofline: the default's)."""
+    return load_gpu_profile(DEFAULT_GPU_PROFILE if gpu_profile == ROOFLINE else gpu_profile)
+
+
+def _default_drafter(gpu_profile: str) -> str:
+    try:
+        return _measured(gpu_profile).default_drafter
+    except ValueError:  # reported by _gpu_problems
+        return ""
+
+
+def drafter_names(gpu_profile: str) -> tuple[str, ...]:
+    """The drafters a config on this GPU may name, in the profile's order."""
+    return tuple(_measured(gpu_profile).drafters)
+
+
+def drafter_method(c: EmulatorConfig) -> str:
+    """vLLM's speculative method of c's drafter (draft_model, eagle3, ngram, ...), as its
+    profile measured it: what a gateway's [routes] says, what sets default acceptance.
+    "" for a baseline server whose drafter the profile did not measure (it drafts nothing)."""
+    drafter = _measured(c.gpu_profile).drafters.get(c.drafter)
+    return "" if drafter is None else drafter.method
+
+
 def _gpu_problems(c: EmulatorConfig) -> list[str]:
     """A GPU profile that exists, a drafter it measured, no roofline knob it would ignore."""
-    if c.drafter not in get_args(Drafter):
-        return [f"drafter must be one of {get_args(Drafter)}, got {c.drafter!r}"]
-    if c.gpu_profile == ROOFLINE:
-        return []
     try:
-        profile = load_gpu_profile(c.gpu_profile)
+        profile = _measured(c.gpu_profile)
     except ValueError as exc:
         return [str(exc)]
     out = []
     if c.mode in SPECULATIVE_MODES and c.drafter not in profile.drafters:
-        have = ", ".join(sorted(profile.drafters)) or "none: target only, so mode baseline only"
-        out.append(f"gpu_profile {c.gpu_profile} measured no drafter {c.drafter!r} ({have})")
+        have = ", ".join(profile.drafters) or "none: target only, so mode baseline only"
+        name = f" {c.drafter!r}" if c.drafter else ""
+        out.append(f"gpu_profile {c.gpu_profile} measured no drafter{name} ({have})")
+    if c.gpu_profile == ROOFLINE:
+        return out
     defaults = {f.name: f.default for f in dataclasses.fields(EmulatorConfig)}
     ignored = [name for name in ROOFLINE_KNOBS if getattr(c, name) != defaults[name]]
     if ignored:
@@ -281,16 +306,16 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
-    """--gpu-profile and --drafter, for commands that start emulated servers (demo, bench)."""
-    hints = get_type_hints(EmulatorConfig)
+    """--gpu-profile and --drafter, for commands that start emulated servers (demo, bench,
+    serve --emulate); checked when the servers' configs are built."""
     for f in dataclasses.fields(EmulatorConfig):
         if f.name in ("gpu_profile", "drafter"):
-            choices = get_args(hints[f.name]) or (*profile_names(), ROOFLINE)
             parser.add_argument(
                 "--" + f.name.replace("_", "-"),
-                choices=choices,
                 default=f.default,
-                help=f"EMULATED servers: {f.metadata['help']} (default: %(default)s)",
+                metavar="PROFILE" if f.name == "gpu_profile" else "NAME",
+                help=f"EMULATED servers: {f.metadata['help']}"
+                + (" (default: %(default)s)" if f.default else ""),
             )
 
 

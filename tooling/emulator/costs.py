@@ -26,9 +26,10 @@ verifies nor proposes without it is a plain step. With K = k on every step a dec
 costs exactly the speculative one.)
 
 The three parts come from a GPU:
-- a **measured** profile (gpu/: the default, `h200-llama3.1-8b`, an NVIDIA H200): every
-  part read from its tables and interpolated (gpu/profile.py), the drafter chosen by name
-  (`draft-1b`, `eagle3`, or `ngram`, which has no model pass);
+- a **measured** profile (gpu/: the default, `h200-llama3.1-8b`, an NVIDIA H200, or a
+  file `specroute gpu build` wrote from the user's own GPU): every part read from its
+  tables and interpolated (gpu/profile.py), the drafter chosen by its name there (the
+  H200's `draft-1b`, `eagle3`, or `ngram`, which has no model pass);
 - the **roofline** (`--gpu-profile roofline`, NOT measured: the emulator's first model,
   kept for scenarios that vary a GPU's shape by hand):
 

@@ -50,7 +50,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import get_args
 
 from classifier import (
     BackendState,
@@ -76,14 +75,13 @@ from tooling.emulator.acceptance import (
     draw_accepted,
     request_acceptance,
 )
-from tooling.emulator.config import ROOFLINE, Drafter, EmulatorConfig
+from tooling.emulator.config import EmulatorConfig, drafter_method, drafter_names
 from tooling.emulator.costs import (
     StepShape,
     baseline_step_ms,
     draft_cost_ratio,
     speculative_step_ms,
 )
-from tooling.emulator.gpu.profile import load_gpu_profile
 from tooling.workloads import build
 
 SPEC, BASE = Route.SPECULATIVE, Route.BASELINE
@@ -95,8 +93,6 @@ MEASURED_SPEC = EmulatorConfig(mode="speculative")
 ROOFLINE_SPEC = EmulatorConfig(mode="speculative", gpu_profile="roofline")
 # The step probes' context (gateway/profiling/probes.py: a 4-token prompt, 24 tokens out).
 PROFILE_CONTEXT = 20
-# vLLM's speculative method (--speculative-config "method") for each emulated drafter.
-METHOD: dict[str, str] = {"draft-1b": "draft_model", "eagle3": "eagle3", "ngram": "ngram"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +124,7 @@ class SimRoute:
         if not self.speculative:
             return RouteSpec(self.name)
         return RouteSpec(
-            self.name, self.k, METHOD[self.emulator.drafter], draft_cost_ratio(self.emulator)
+            self.name, self.k, drafter_method(self.emulator), draft_cost_ratio(self.emulator)
         )
 
     def step_s(self, shape: StepShape) -> float:
@@ -138,7 +134,7 @@ class SimRoute:
 
 
 def sim_route(
-    name: str, drafter: Drafter | None = None, k: int = 0, *, emulator: EmulatorConfig | None = None
+    name: str, drafter: str | None = None, k: int = 0, *, emulator: EmulatorConfig | None = None
 ) -> SimRoute:
     """A route of the emulated GPU (`emulator`, default the measured H200): `drafter` with
     its k, or none (drafter None, k 0)."""
@@ -221,11 +217,9 @@ def jobs(
     return out
 
 
-def _drafters(c: EmulatorConfig) -> tuple[Drafter, ...]:
-    """The drafters `c`'s GPU measured (the roofline prices any), `c`'s own first."""
-    every: tuple[Drafter, ...] = get_args(Drafter)
-    if c.gpu_profile != ROOFLINE:
-        every = tuple(d for d in every if d in load_gpu_profile(c.gpu_profile).drafters)
+def _drafters(c: EmulatorConfig) -> tuple[str, ...]:
+    """The drafters `c`'s GPU measured (the roofline: the default GPU's), `c`'s own first."""
+    every = drafter_names(c.gpu_profile)
     return (c.drafter, *(d for d in every if d != c.drafter))
 
 

@@ -1,10 +1,12 @@
 """A measured GPU profile: step costs by batch, query tokens, context and prefill, interpolated.
 
-The files beside this module (built by build.py from measured/) hold what one GPU
-measured for one target model: the decode step per (batch, q) at a 1024-token
-context, the same at 4096 (the KV reads), steps with a prefill chunk in them, a
-prompt's prefill alone, and each drafter's pass. Between measured points a value is
-interpolated; outside them it is extrapolated from the nearest segment:
+A profile is a JSON file: the ones beside this module (built by build.py from
+measured/), or any file `specroute gpu build` wrote from a user's own measurement
+(docs/own-gpu.md). Each holds what one GPU measured for one target model: the
+decode step per (batch, q) at a 1024-token context, the same at 4096 (the KV
+reads), steps with a prefill chunk in them, a prompt's prefill alone, and each
+drafter's pass. Between measured points a value is interpolated; outside them it
+is extrapolated from the nearest segment:
 
 - batch: linear in log(batch) between measured batches (steps grow slowly while
   the weights' read dominates, so a log axis keeps 1..256 on one scale); past the
@@ -19,7 +21,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -61,8 +63,15 @@ class Grid:
     ms: tuple[tuple[float, ...], ...]
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Grid:
-        return cls(tuple(raw["batches"]), tuple(raw["qs"]), tuple(tuple(row) for row in raw["ms"]))
+    def from_json(cls, raw: dict[str, Any], where: str) -> Grid:
+        _keys(raw, where, ("ctx", "batches", "qs", "ms"))
+        grid = cls(tuple(raw["batches"]), tuple(raw["qs"]), tuple(tuple(row) for row in raw["ms"]))
+        for axis, values in (("batches", grid.batches), ("qs", grid.qs)):
+            if not values or list(values) != sorted(set(values)) or min(values) < 1:
+                raise ValueError(f"{where}.{axis}: want ascending numbers >= 1, got {values}")
+        if len(grid.ms) != len(grid.batches) or any(len(r) != len(grid.qs) for r in grid.ms):
+            raise ValueError(f"{where}.ms: want one row per batch, one value per q")
+        return grid
 
     def at(self, b: float, q: float) -> float:
         """Interpolated in q at every measured batch, then across batches; never below the
@@ -78,6 +87,7 @@ class Drafter:
 
     name: str
     what: str
+    method: str  # vLLM's --speculative-config method: draft_model, eagle3, ngram, ...
     passes: Grid | None  # None: no model pass (n-gram lookup)
     context: Grid | None
     compute_ratio: float
@@ -116,7 +126,8 @@ class MixedSteps:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any], steps: dict[str, Any]) -> MixedSteps:
-        plain = Grid.from_json(steps)
+        _keys(raw, "mixed", ("ctx", "batches", "qs", "prefill_tokens", "ms"))
+        plain = Grid.from_json(steps, "steps")
         extra = tuple(
             tuple(
                 (0.0, *(ms - plain.at(b, q) for ms in raw["ms"][bi][qi]))
@@ -155,24 +166,29 @@ class GpuProfile:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> GpuProfile:
-        drafters = {
-            name: Drafter(
+        """The profile a file holds; ValueError naming the first key that is wrong."""
+        _keys(raw, "profile", _PROFILE_KEYS, optional=("files", "built_by"))
+        _keys(raw["prefill"], "prefill", ("tokens", "ms"))
+        drafters = {}
+        for name, d in raw["drafters"].items():
+            where = f"drafters.{name}"
+            _keys(d, where, ("what", "method", "passes", "context", "compute_ratio"))
+            drafters[name] = Drafter(
                 name,
                 d["what"],
-                Grid.from_json(d["passes"]) if d["passes"] else None,
-                Grid.from_json(d["context"]) if d["context"] else None,
+                d["method"],
+                Grid.from_json(d["passes"], f"{where}.passes") if d["passes"] else None,
+                Grid.from_json(d["context"], f"{where}.context") if d["context"] else None,
                 float(d["compute_ratio"]),
             )
-            for name, d in raw["drafters"].items()
-        }
         return cls(
             name=raw["name"],
             target=raw["target"],
             card=raw["card"],
             measured=raw["measured"],
             method=raw["method"],
-            steps=Grid.from_json(raw["steps"]),
-            context=Grid.from_json(raw["context"]) if raw["context"] else None,
+            steps=Grid.from_json(raw["steps"], "steps"),
+            context=Grid.from_json(raw["context"], "context") if raw["context"] else None,
             mixed=MixedSteps.from_json(raw["mixed"], raw["steps"]) if raw["mixed"] else None,
             prefill_tokens=tuple(raw["prefill"]["tokens"]),
             prefill_ms=tuple(raw["prefill"]["ms"]),
@@ -208,6 +224,11 @@ class GpuProfile:
             return max(self.prefill_alone_ms(tokens) - self.prefill_alone_ms(0), 0.0)
         return self.mixed.extra_ms(b, q, tokens)
 
+    @property
+    def default_drafter(self) -> str:
+        """The drafter a speculative server gets unless told: the first measured ("" none)."""
+        return next(iter(self.drafters), "")
+
     def drafter(self, name: str) -> Drafter:
         try:
             return self.drafters[name]
@@ -218,17 +239,61 @@ class GpuProfile:
             ) from None
 
 
+_PROFILE_KEYS = (
+    "name",
+    "target",
+    "card",
+    "measured",
+    "method",
+    "steps",
+    "context",
+    "mixed",
+    "prefill",
+    "drafters",
+    "pair",
+)
+
+
+def _keys(
+    raw: Mapping[str, Any], where: str, required: Sequence[str], optional: Sequence[str] = ()
+) -> None:
+    """Every required key there, and no other: a misspelt key is an error, not a default."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: want a JSON object, got {type(raw).__name__}")
+    missing = [k for k in required if k not in raw]
+    unknown = sorted(set(raw) - {*required, *optional})
+    if missing or unknown:
+        raise ValueError(f"{where}: missing keys {missing}, unknown keys {unknown}")
+
+
 def profile_names() -> tuple[str, ...]:
     """The shipped profiles, by name (the .json files beside this module)."""
     return tuple(sorted(p.stem for p in HERE.glob("*.json")))
 
 
+def is_profile_path(ref: str) -> bool:
+    """A --gpu-profile that names a file rather than a shipped profile."""
+    return ref.endswith(".json") or "/" in ref
+
+
 @cache
-def load_gpu_profile(name: str) -> GpuProfile:
-    """A shipped profile by name; a clear error naming the ones there are."""
-    path = HERE / f"{name}.json"
-    if not path.is_file():
+def load_gpu_profile(ref: str) -> GpuProfile:
+    """A shipped profile by name, or a profile file by path; a clear error otherwise."""
+    if not is_profile_path(ref):
+        if ref not in profile_names():
+            raise ValueError(
+                f"no GPU profile {ref!r}; shipped: {', '.join(profile_names())}, a profile "
+                "file PATH.json (`specroute gpu build`), or 'roofline'"
+            )
+        return GpuProfile.from_json(json.loads((HERE / f"{ref}.json").read_text("utf-8")))
+    path = Path(ref)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"GPU profile file {ref}: cannot read it ({exc.strerror})") from None
+    try:
+        return GpuProfile.from_json(json.loads(text))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(
-            f"no GPU profile {name!r}; shipped: {', '.join(profile_names())} (or 'roofline')"
-        )
-    return GpuProfile.from_json(json.loads(path.read_text(encoding="utf-8")))
+            f"GPU profile file {ref} is not a profile (`specroute gpu build` writes one): {exc}"
+        ) from None
