@@ -1,6 +1,7 @@
 """The defaults the docs name are the code's (issue 54, "docs that cannot drift").
 
-Read: README.md, docs/decision.md, docs/tuning.md and docs/ARCHITECTURE.md. Held to:
+Read: README.md, docs/decision.md, docs/tuning.md, docs/ARCHITECTURE.md, and the pages the
+README sends users to (configuration, servers, api). Held to:
 gateway/config.py's frozen config dataclasses (every key, by its table) and classifier's
 module constants. A doc states a default in one of these forms, and this test reads it:
 
@@ -43,7 +44,15 @@ import classifier
 from gateway.config import _RETIRED, Config, ConfigError, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/decision.md", "docs/tuning.md", "docs/ARCHITECTURE.md")
+DOCS = (
+    "README.md",
+    "docs/decision.md",
+    "docs/tuning.md",
+    "docs/ARCHITECTURE.md",
+    "docs/configuration.md",
+    "docs/servers.md",
+    "docs/api.md",
+)
 TWO_BACKENDS = {
     "speculative": {"urls": ["http://127.0.0.1:8001"]},
     "baseline": {"urls": ["http://127.0.0.1:8002"]},
