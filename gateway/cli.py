@@ -89,6 +89,7 @@ _COMMANDS = {
             "specroute serve --backend speculative=http://gpu:8001 "
             "--backend baseline=http://gpu:8002",
             "specroute serve --emulate                        # no GPU: two EMULATED servers",
+            "specroute serve --emulate --config routes.toml   # its [routes.NAME], EMULATED",
         ),
     ),
     "ext-proc": _Spec(
@@ -398,8 +399,9 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--emulate",
         action="store_true",
-        help="start two EMULATED vLLM backends in-process and serve in front of them "
-        "(no config file read; needs specroute-tools)",
+        help="start EMULATED vLLM backends in-process and serve in front of them: the "
+        "--config file's routes (each on emulated servers, on one emulated GPU or the "
+        "devices it names), else the speculative/baseline pair; needs specroute-tools",
     )
 
 
@@ -599,6 +601,8 @@ def _serve(args: argparse.Namespace) -> int:
         except ModuleNotFoundError as exc:
             return _tooling_missing("serve --emulate", exc)
 
+        if args.config is not None:  # the config's routes, each on emulated servers
+            return _serve_configured(args)
         configure_logging(args.log_level or "info")
         asyncio.run(serve_emulated(args.host or "127.0.0.1", args.port or 8080, time_scale=1.0))
         return 0
@@ -620,6 +624,22 @@ def _serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     run(serve(config, reread if config_path is not None else None))
+    return 0
+
+
+def _serve_configured(args: argparse.Namespace) -> int:
+    """serve --emulate --config FILE: the file's routes on EMULATED servers, its [server]
+    and the flags as `serve` takes them (tooling/configured_stack.py)."""
+    from tooling.configured_stack import serve_configured
+
+    if getattr(args, "drafter", ""):
+        raise ConfigError("--drafter: with --config each route's method names its drafter")
+    config = resolve_config(args.config, args.host, args.port, [], log_level=args.log_level)
+    configure_logging(config.logging.level)
+    _check_listen(config.server.host, config.server.port)
+    profile = getattr(args, "gpu_profile", None)
+    options = {"gpu_profile": profile} if profile else {}
+    asyncio.run(serve_configured(config, config.server.host, config.server.port, **options))
     return 0
 
 
