@@ -17,6 +17,7 @@ module constants. A doc states a default in one of these forms, and this test re
 - a ```toml block: it must load as a config (two backends are added to a fragment that
   names none); a block with the word "defaults" in a comment gives each value's default.
 
+A bare name given a value must be a key (or one of REQUEST_FIELDS, `max_tokens` (1)).
 Wherever a doc names a key with its table (`server.port`, `[routing.guards]`,
 `backends.<route>.api_key_env`), that key must exist; a retired key (gateway/config.py's
 `_RETIRED`) may appear only in a sentence that says it was retired.
@@ -64,6 +65,8 @@ class _Required:
         return "<required>"
 
 
+# Fields of a request body that the docs give values for, as `max_tokens` (1): no keys.
+REQUEST_FIELDS = frozenset({"max_tokens", "min_tokens", "temperature", "top_p", "n"})
 REQUIRED = _Required()  # a key without a default (a route's urls)
 NOT_A_VALUE = object()
 
@@ -323,8 +326,14 @@ def check(claim: Claim, known: Code) -> str | None:
         return f"{claim.where()} is {known.constants[name]!r} in code, the doc says {claim.value!r}"
     paths = known.resolve(name, claim.context)
     if not paths:
-        # a dotted name or a key column names a key; a bare word before a number may not
-        named = "." in name or claim.key.startswith("[") or claim.form == "table"
+        # a dotted name, a key column, or a bare name given a value names a key, unless
+        # it is one of a request's fields
+        named = (
+            "." in name
+            or claim.key.startswith("[")
+            or claim.form == "table"
+            or (claim.value is not NOT_A_VALUE and name not in REQUEST_FIELDS)
+        )
         return f"{claim.where()} names no config key" if named and not _is_code(name) else None
     if claim.value is NOT_A_VALUE:
         return None
@@ -477,6 +486,7 @@ def _known() -> Code:
         ("The bound, `explore_max_regret` (15%), holds.\n", "the doc says 0.15"),
         ("Memory `TRAFFIC_MEMORY` = 100 answers.\n", "is 1000.0 in code"),
         ("Set `server.prot = 80` to move it.\n", "names no config key"),
+        ("The gain, `switch_gain` (0.3), is gone.\n", "names no config key"),
         ("`routing.tuning.prior_sd = 0.5` (the default)\n", "the doc says 0.5"),
         ("The limit (`max_inflight` (1)) applies.\n", "name its table"),
         ("The margin `switch_margin` is 15%.\n", "retired but documented as live"),
