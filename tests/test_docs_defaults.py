@@ -317,7 +317,7 @@ def check(claim: Claim, known: Code) -> str | None:
             # `NAME` (value) claims a constant; `NAME=value` in backticks is an
             # environment variable's setting
             return (
-                f"{claim.where()} names no classifier constant"
+                f"{claim.where()} names no classifier constant (or two modules give it different values)"
                 if claim.form == "default" and claim.value is not NOT_A_VALUE
                 else None
             )
