@@ -109,14 +109,16 @@ class Metrics:
         )
         self.ttft = Histogram(
             "specroute_time_to_first_token_seconds",
-            "Time to the first generated token of streamed answers.",
+            "Time to the first generated token; streamed answers only (a whole answer has no "
+            "first token the gateway sees).",
             ["route", "workload"],
             buckets=_TTFT_BUCKETS,
             registry=r,
         )
         self.tpot = Histogram(
             "specroute_time_per_output_token_seconds",
-            "Time per output token after the first, of streamed answers.",
+            "Time per output token after the first; streamed answers only (it needs the first "
+            "token's time).",
             ["route", "workload"],
             buckets=_TPOT_BUCKETS,
             registry=r,

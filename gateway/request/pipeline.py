@@ -49,6 +49,10 @@ from gateway.wire.validation import parse_body, with_member
 
 _BIG_BODY = 256 * 1024  # parsing and reading it take a millisecond or more
 MODEL_FALLBACK = "model-fallback"  # the reason, when the policy's route lacked the model
+# The side-by-side page (gateway/ui) marks its own requests: a route it forces has the
+# reason "ui", so that clicks on the page do not count as clients' "override" traffic.
+CLIENT_HEADER = "x-specroute-client"
+PAGE = "ui"
 _JSON_TYPES = ("application/json", "application/octet-stream")
 
 
@@ -80,7 +84,8 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
             state = app[BACKENDS].live_state(pair)
             decision = Decision(route=owner.route, reason="stored_response")
         else:
-            forced = route_override(request.headers.get(ROUTE_HEADER), config)
+            headers = request.headers
+            forced = route_override(headers.get(ROUTE_HEADER), config, headers.get(CLIENT_HEADER))
             decision = forced or steer_to_model(
                 snapshot.policy.decide(features, state, pair, app[RNG]), served, config.routes
             )
@@ -216,14 +221,17 @@ async def _read_json_body(request: web.Request, timeout_s: float) -> bytes:
         raise APIError(408, f"request body not received within {timeout_s:g} s") from None
 
 
-def route_override(wanted: str | None, config: Config) -> Decision | None:
-    """The route the client forced with x-specroute-route, if the config allows it."""
+def route_override(
+    wanted: str | None, config: Config, client: str | None = None
+) -> Decision | None:
+    """The route the client forced with x-specroute-route, if the config allows it:
+    reason "override", or "ui" for the page's own (x-specroute-client: ui)."""
     if wanted is None or not config.server.allow_route_override:
         return None
     name = wanted.strip().lower()
     for route in config.routes:
         if route == name:
-            return Decision(route=route, reason="override")
+            return Decision(route=route, reason=PAGE if client == PAGE else "override")
     names = ", ".join(f"'{r.value}'" for r in config.routes)
     raise APIError(400, f"{ROUTE_HEADER} must name a route: one of {names}", param=ROUTE_HEADER)
 

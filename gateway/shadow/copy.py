@@ -58,7 +58,7 @@ def primary_of(record: RequestRecord) -> Primary | None:
     lesson, decision = record.lesson, record.decision
     if lesson is None or decision is None or record.failover_from is not None:
         return None
-    if decision.reason == "override" or decision.route != lesson.route:
+    if decision.reason in ("override", "ui") or decision.route != lesson.route:
         return None
     if lesson.features.n != 1:
         return None

@@ -131,7 +131,11 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _version(request: web.Request) -> web.Response:
-    return web.json_response({"version": "0.32.0+emulated"})
+    """vLLM's {"version"}, marked as emulated, and the GPU the timing models: the
+    gateway's page reads it to say EMULATED, and on what."""
+    c = request.app[EMULATOR].config
+    emulated = {"gpu_profile": c.gpu_profile, "gpu": describe_gpu(c)}
+    return web.json_response({"version": "0.32.0+emulated", "emulated": emulated})
 
 
 async def _state(request: web.Request) -> web.Response:

@@ -14,6 +14,10 @@
   let running = false;
   let routes = []; // [{name, method, num_speculative_tokens}], the configuration's order
   let sides = {}; // route name -> Side
+  // route name -> what its server's /version says of its emulation ({gpu_profile, gpu});
+  // null: a real server; absent: not known yet
+  let emulation = {};
+  const TITLE = document.title;
 
   const $ = (id) => document.getElementById(id);
 
@@ -181,8 +185,10 @@
       el.dataset.color = String(index % COLORS);
       el.dataset.state = "idle";
       const title = element("h2");
+      const emulated = element("span", "emulated-tag", "EMULATED");
+      emulated.hidden = true; // until its server's /version says so
       title.append(element("span", "name", route.name), element("span", "kind", speculation(route)),
-        element("span", "state", "idle"));
+        emulated, element("span", "state", "idle"));
       const badges = element("p", "badges");
       badges.append(element("span", "badge choice", "the gateway's choice"),
         element("span", "badge fastest", "fastest"));
@@ -287,7 +293,8 @@
       try {
         resp = await fetch(CHAT, {
           method: "POST",
-          headers: headers({ "x-specroute-route": this.route }),
+          // x-specroute-client: the gateway counts the page's runs apart (reason "ui")
+          headers: headers({ "x-specroute-route": this.route, "x-specroute-client": "ui" }),
           body: JSON.stringify(sent),
         });
       } catch (e) {
@@ -392,6 +399,49 @@
     $("routes-note").textContent = `${list.length} routes: ` +
       list.map((r) => (speculation(r) === r.name ? r.name : `${r.name} (${speculation(r)})`))
         .join(", ");
+    checkEmulation(list);
+  }
+
+  // ---- EMULATED: said on every surface when the servers are the emulator's ----------
+
+  // Each route's vLLM /version, through the gateway to that route: the emulator's
+  // says "+emulated" and names the GPU profile its timing models.
+  async function checkEmulation(list) {
+    const found = {};
+    await Promise.all(list.map(async (r) => {
+      try {
+        const v = await api("/version", { headers: { "x-specroute-route": r.name } });
+        const marked = typeof v.version === "string" && v.version.includes("+emulated");
+        found[r.name] = v.emulated || (marked ? {} : null);
+      } catch (_) { /* not known: said neither way */ }
+    }));
+    emulation = found;
+    showEmulation();
+  }
+
+  function showEmulation() {
+    const names = routes.map((r) => r.name).filter((n) => emulation[n]);
+    const on = names.length > 0;
+    document.body.dataset.emulated = String(on);
+    document.title = (on ? "EMULATED · " : "") + TITLE;
+    for (const [name, side] of Object.entries(sides)) {
+      const e = emulation[name];
+      const tag = side.el.querySelector(".emulated-tag");
+      tag.hidden = !e;
+      tag.title = e ? `an emulated vLLM server: ${e.gpu || "GPU not said"}` : "";
+    }
+    const banner = $("emulated");
+    banner.hidden = !on;
+    if (!on) return;
+    // The GPU as a route without a drafter describes it (its text names no drafter).
+    const plain = names.find((n) => !sides[n] || !sides[n].speculates) || names[0];
+    const profiles = [...new Set(names.map((n) => emulation[n].gpu_profile).filter(Boolean))];
+    const who = names.length === routes.length ? "Every route's server is"
+      : `${names.join(", ")} ${names.length > 1 ? "are" : "is"}`;
+    banner.textContent = `EMULATED: ${who} an emulated vLLM server: no model runs and no ` +
+      "GPU; every time on this page is modelled" +
+      (emulation[plain].gpu ? `, on the ${emulation[plain].gpu}` : "") +
+      (profiles.length > 1 ? ` (GPU profiles ${profiles.join(", ")})` : "") + ".";
   }
 
   // The route speedups are over: the first without speculation (null: all speculate).
@@ -546,6 +596,9 @@
       parts.push(decision.route === fastest.route
         ? `The gateway's choice, ${decision.route}, was the fastest.`
         : `The gateway would have chosen ${decision.route}, not the fastest here.`);
+    }
+    if (document.body.dataset.emulated === "true") {
+      parts.unshift("EMULATED servers: modelled timing, not a GPU's.");
     }
     parts.push(mode === "together"
       ? "They ran at once: on one shared GPU each slowed the others, and the prediction " +
