@@ -1,4 +1,4 @@
-"""`specroute serve | ext-proc | profile | config | emulate | demo | bench | advise | train`.
+"""`specroute serve | ext-proc | profile | config | emulate | demo | bench | advise | train | gpu`.
 
 Only `serve`, `ext-proc`, `profile` and `config` are production code; every other command
 lives in tooling/ and is imported only when it runs, so the gateway starts without the
@@ -173,6 +173,18 @@ _COMMANDS = {
         "requests with a measured acceptance) and write it as JSON for routing.model_path.",
         ("specroute train /var/lib/specroute/outcomes.jsonl* --out model.json",),
         "tooling.train",
+    ),
+    "gpu": _Spec(
+        "measure your own GPU's step costs, build a profile the emulator runs (--gpu-profile)",
+        "`gpu measure` times your target's and drafters' steps on this CUDA machine (needs "
+        "only torch); `gpu build` turns the run into a profile file for --gpu-profile PATH in "
+        "emulate, demo, bench and serve --emulate. docs/own-gpu.md.",
+        (
+            "specroute gpu measure --model /models/Llama-3.1-8B-Instruct "
+            "--drafter draft=/models/Llama-3.2-1B-Instruct --drafter ngram --out run/",
+            "specroute gpu build run/steps.jsonl -o my-gpu.json   # then --gpu-profile my-gpu.json",
+        ),
+        "tooling.gpu",
     ),
 }
 _TOOLS = {name: spec for name, spec in _COMMANDS.items() if spec.module and name != "emulate"}
@@ -403,6 +415,20 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         "--config file's routes (each on emulated servers, on one emulated GPU or the "
         "devices it names), else the speculative/baseline pair; needs specroute-tools",
     )
+    serve.add_argument(
+        "--gpu-profile",
+        default=None,
+        metavar="PROFILE",
+        help="with --emulate: the measured GPU the EMULATED servers model, a shipped name or "
+        "a profile file from `specroute gpu build` (default: h200-llama3.1-8b)",
+    )
+    serve.add_argument(
+        "--drafter",
+        default="",
+        metavar="NAME",
+        help="with --emulate: the speculative server's drafter, one the profile measured "
+        "(default: its first)",
+    )
 
 
 def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
@@ -604,8 +630,18 @@ def _serve(args: argparse.Namespace) -> int:
         if args.config is not None:  # the config's routes, each on emulated servers
             return _serve_configured(args)
         configure_logging(args.log_level or "info")
-        asyncio.run(serve_emulated(args.host or "127.0.0.1", args.port or 8080, time_scale=1.0))
+        emulated = {"drafter": args.drafter}
+        if args.gpu_profile:
+            emulated["gpu_profile"] = args.gpu_profile
+        try:
+            host, port = args.host or "127.0.0.1", args.port or 8080
+            asyncio.run(serve_emulated(host, port, time_scale=1.0, **emulated))
+        except ValueError as exc:  # a GPU profile or drafter the emulator refuses
+            print(f"specroute serve --emulate: {exc}", file=sys.stderr)
+            return 2
         return 0
+    if args.gpu_profile or args.drafter:
+        raise ConfigError("--gpu-profile and --drafter go with --emulate")
     config_path = _config_path(args.config)
 
     def reread() -> Config:

@@ -319,13 +319,26 @@ async def routes_stack(
             await runner.cleanup()
 
 
-async def serve_emulated(host: str, port: int, time_scale: float) -> None:
-    """A gateway with two EMULATED backends, until Ctrl-C: for trying the SDK by hand."""
+async def serve_emulated(
+    host: str,
+    port: int,
+    time_scale: float,
+    gpu_profile: str = DEFAULT_GPU_PROFILE,
+    drafter: str = "",
+) -> None:
+    """A gateway with two EMULATED backends, until Ctrl-C: for trying the SDK by hand.
+    gpu_profile: a shipped name or a profile file; drafter "": the profile's first."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with local_stack(time_scale=time_scale, gateway_host=host, gateway_port=port) as stack:
+    async with local_stack(
+        time_scale=time_scale,
+        gateway_host=host,
+        gateway_port=port,
+        gpu_profile=gpu_profile,
+        drafter=drafter,
+    ) as stack:
         print(
             f"specroute gateway on {stack.gateway}/v1 in front of two EMULATED vLLM servers "
             f"(speculative {stack.speculative}, baseline {stack.baseline}; model {MODEL!r}; "

@@ -297,11 +297,9 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
                 flag, choices=get_args(hint), default=f.default, help=f.metadata["help"]
             )
         else:
+            shown = " (default: %(default)s)" if f.default != "" else ""  # "": help says
             parser.add_argument(
-                flag,
-                type=hint,
-                default=f.default,
-                help=f"{f.metadata['help']} (default: %(default)s)",
+                flag, type=hint, default=f.default, help=f"{f.metadata['help']}{shown}"
             )
 
 

@@ -309,10 +309,13 @@ def spec_from_run(rows: list[Row], name: str | None, files: str, built_by: str) 
             "the run has no start or setup line: not written by `specroute gpu measure` "
             "(measure_steps.py with SHAPES set)"
         )
+    if start.get("small") or not start.get("cuda"):
+        raise ValueError(
+            "the run is SMALL=1 or had no CUDA (tiny shapes at a 32-token context): it checks "
+            "measure_steps.py, it makes no profile"
+        )
     target = setup["target"]
     card = f"{start['device']}, PyTorch {start['torch']}"
-    if not start.get("cuda") or start.get("small"):
-        card += " (NO CUDA or SMALL=1: tiny shapes timed eagerly, a check of the code, not a GPU)"
     return ProfileSpec(
         name=name or setup["name"],
         target_model=target["name"],
