@@ -272,15 +272,14 @@ class ProfiledPolicy:
         profile = self._active()
         learned = self._learned()
         routes = routes_of(profile)
-        rho = {r: self._acceptance.rate(r, features) for r in routes}
-        predicted = {r: price(profile, features, state, r, rho[r], learned) for r in routes}
         speculating = [r for r in routes if route_of(profile, r).speculative]
+        beliefs = {r: self._acceptance.belief_for(r, features) for r in speculating}
+        rho = {r: beliefs[r].mean if r in beliefs else 0.0 for r in routes}
+        predicted = {r: price(profile, features, state, r, rho[r], learned) for r in routes}
         why: dict[str, Any] = {
             "profile": profile.source,
             "acceptance": {r.value: round(rho[r], 4) for r in speculating},
-            "acceptance_sd": {
-                r.value: round(self._acceptance.belief_for(r, features).sd, 4) for r in speculating
-            },
+            "acceptance_sd": {r.value: round(b.sd, 4) for r, b in beliefs.items()},
             "probe_bias_sd": round(self._acceptance.probe_bias, 4),
         }
         priced = profile.source != "prior"
@@ -312,7 +311,7 @@ class ProfiledPolicy:
         else:
             reason, rule = _FASTER[route in speculating], "smaller-cost"
         if rng is not None and rule in ("smaller-cost", "followers") and len(choice) > 1:
-            drawn = {r: self._acceptance.belief_for(r, features).sample(rng) for r in speculating}
+            drawn = {r: b.sample(rng) for r, b in beliefs.items()}
             sampled = {
                 r: price(profile, features, state, r, drawn.get(r, 0.0), learned).cost_s
                 + lead.get(r, 0.0)
