@@ -26,7 +26,7 @@ import aiohttp
 from tooling.bench import BenchOptions, run_bench
 from tooling.bench.targets import wait_for_profile
 from tooling.emulator.config import DEFAULT_GPU_PROFILE, add_gpu_arguments
-from tooling.emulator.costs import describe_gpu
+from tooling.emulator.costs import describe_gpu, gpu_name
 from tooling.local_stack import local_stack
 from tooling.workloads import MIXES
 
@@ -104,7 +104,7 @@ async def run_demo(
     print(
         f"\n[EMULATED] {sent} requests in {time.perf_counter() - started:.1f} s, "
         f"{outcome.failures} failed. Figures are from the emulator's modelled timing, "
-        f"not a real GPU (they model the measured {gpu_profile}). "
+        f"not a real GPU (they model the measured {gpu_name(gpu_profile)}). "
         "`specroute bench --emulate` runs more of it; "
         "`specroute advise` reads its --json.",
         file=out,

@@ -200,6 +200,11 @@ def draft_cost_ratio(c: EmulatorConfig) -> float:
     )
 
 
+def gpu_name(gpu_profile: str) -> str:
+    """A --gpu-profile as outputs name it: the profile's own name (a file's, not its path)."""
+    return gpu_profile if gpu_profile == ROOFLINE else load_gpu_profile(gpu_profile).name
+
+
 def describe_gpu(c: EmulatorConfig) -> str:
     """What everything the emulator prints says about the GPU it models."""
     if c.gpu_profile == ROOFLINE:
