@@ -188,10 +188,12 @@ async def serve_configured(
 def banner(stack: ConfiguredStack) -> str:
     """What `serve --emulate --config` says at start: loudly EMULATED, each route's servers
     and GPU, and the files it does not write."""
+    emulators = list(stack.emulators.values())
+    plain = next((e for e in emulators if not e.speculative), emulators[0])  # names no drafter
     lines = [
         f"specroute gateway on {stack.gateway}/v1 in front of EMULATED vLLM servers for the "
-        f"config's {len(stack.emulators)} routes (model {MODEL!r}; no model runs; timing "
-        f"from the {describe_gpu(next(iter(stack.emulators.values())))}):"
+        f"config's {len(emulators)} routes (model {MODEL!r}; no model runs; timing "
+        f"from the {describe_gpu(plain)}):"
     ]
     for name, route in stack.config.routes.items():
         emulator = stack.emulators[name]

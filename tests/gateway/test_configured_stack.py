@@ -15,7 +15,7 @@ from classifier.tokens import TokenCounter
 from classifier.types import Route
 from gateway.cli import main
 from gateway.config import parse_config
-from tooling.configured_stack import configured_stack
+from tooling.configured_stack import banner, configured_stack
 
 ROUTES = """
 [routes.plain]
@@ -67,6 +67,13 @@ async def test_each_route_runs_its_method_and_k_on_its_device(
             url = stack.config.routes[Route(route)].urls[0]
             version = await _get(session, f"{url}/version")
             assert version["emulated"]["gpu"].endswith(f"drafter {drafter}"), version
+        head, *routes, tail = banner(stack).splitlines()
+        assert "EMULATED" in head and "measured GPU h200-llama3.1-8b" in head
+        assert "drafter" not in head  # the GPU, not one route's drafter
+        assert routes[0].startswith("  plain (no speculation): http://127.0.0.1:")
+        assert routes[1].startswith("  eagle-k3 (eagle3 k=3, drafter eagle3): http://")
+        assert routes[2].endswith(" on emulated GPU b")
+        assert tail.startswith("Not written: outcome_log.path, record.path")
         stats = await _get(session, f"{stack.gateway}/stats")
         assert [(r["name"], r["method"], r["num_speculative_tokens"]) for r in stats["routes"]] == [
             ("plain", "none", 0),
