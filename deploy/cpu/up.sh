@@ -7,8 +7,8 @@
 #                    [--run-dir DIR] [--timeout S] [--model-name NAME]
 #                    [--spec-metrics summary|detailed|off] [--dynamic SCHEDULE]
 #                    [--dynamic-port P] [--ngram-k2] [--ngram-k2-port P]
-#                    [--ngram-k2-bind nobind|CORE]
-#                    [-- EXTRA_VLLM_ARGS...]
+#                    [--ngram-k2-bind nobind|CORE] [--spec-off] [--spec-off-port P]
+#                    [--dtype auto|bfloat16|float32] [-- EXTRA_VLLM_ARGS...]
 #
 # The speculative server runs with --per-request-spec-decode-metrics (default
 # level `detailed`): responses then carry metrics.speculative_decoding (the
@@ -50,6 +50,19 @@
 # fresh clones (docs/real-engine.md). It starts together with the dynamic
 # server when both are asked for. Its URL goes to
 # stderr and to RUN_DIR/ngram-k2 as ngram-k2=URL; deploy/cpu/down.sh stops it too.
+#
+# --spec-off also starts "spec-off": the speculative server's twin (n-gram k = 4,
+# core 0) as vLLM runs by default, without per-request speculative metrics, for
+# tests/vllm/test_counters_real_vllm.py; so the tier needs no second start of the
+# pair with `--spec-metrics off`. It starts with the dynamic and ngram-k2 servers;
+# its URL goes to stderr and to RUN_DIR/spec-off as spec-off=URL.
+#
+# --dtype (default auto) is every server's weights and activations. auto is
+# bfloat16 only where the CPU computes it natively (avx512_bf16 or amx_bf16 in
+# /proc/cpuinfo), else float32: the model folder is bf16, and on a CPU without
+# those (this 2-core AMD EPYC: AVX2) vLLM's bf16 prefill and batched steps ran
+# 4-7 times slower than float32 (2026-12-07: 5.3 s against 1.4 s for a
+# 212-token prompt's first token, a batch of 8 x 32 tokens 25 s against 4 s).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -72,9 +85,12 @@ dynamic_port=8103
 ngram_k2=""
 ngram_k2_port=8104
 ngram_k2_bind=1
+spec_off=""
+spec_off_port=8105
+dtype="auto"
 extra_args=()
 
-usage() { sed -n '2,52p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; }
 die() { printf '[up] ERROR: %s\n' "$*" >&2; exit 1; }
 log() { printf '[up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -92,6 +108,9 @@ while [[ $# -gt 0 ]]; do
         --ngram-k2) ngram_k2=1; shift ;;
         --ngram-k2-port) ngram_k2_port="${2:?--ngram-k2-port needs a value}"; shift 2 ;;
         --ngram-k2-bind) ngram_k2_bind="${2:?--ngram-k2-bind needs nobind or a core}"; shift 2 ;;
+        --spec-off) spec_off=1; shift ;;
+        --spec-off-port) spec_off_port="${2:?--spec-off-port needs a value}"; shift 2 ;;
+        --dtype) dtype="${2:?--dtype needs auto, bfloat16 or float32}"; shift 2 ;;
         --) shift; extra_args=("$@"); break ;;
         -h|--help) usage; exit 0 ;;
         *) usage; die "unknown argument: $1" ;;
@@ -123,6 +142,17 @@ if [[ -n "$ngram_k2" ]]; then
         || die "--ngram-k2-bind must be nobind or a core number"
 fi
 ngram_k2_config='{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+if [[ -n "$spec_off" ]]; then
+    [[ "$spec_off_port" =~ ^[0-9]+$ ]] || die "--spec-off-port must be a number"
+    for p in "$spec_port" "$base_port" ${dynamic:+"$dynamic_port"} ${ngram_k2:+"$ngram_k2_port"}; do
+        [[ "$spec_off_port" != "$p" ]] || die "--spec-off-port must differ from the other servers' ports"
+    done
+fi
+if [[ "$dtype" == auto ]]; then
+    dtype=float32
+    grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null && dtype=bfloat16
+fi
+[[ "$dtype" == bfloat16 || "$dtype" == float32 ]] || die "--dtype must be auto, bfloat16 or float32"
 [[ "$timeout_s" =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds"
 [[ "$spec_metrics" == summary || "$spec_metrics" == detailed || "$spec_metrics" == off ]] \
     || die "--spec-metrics must be summary, detailed or off"
@@ -147,10 +177,11 @@ if compgen -G "$run_dir/*.pid" >/dev/null; then
     log "stopping the previous pair in $run_dir"
     bash "$here/down.sh" --run-dir "$run_dir"
 fi
-for p in "$base_port" "$spec_port" ${dynamic:+"$dynamic_port"} ${ngram_k2:+"$ngram_k2_port"}; do
+for p in "$base_port" "$spec_port" ${dynamic:+"$dynamic_port"} ${ngram_k2:+"$ngram_k2_port"} \
+    ${spec_off:+"$spec_off_port"}; do
     if port_in_use "$p"; then die "port $p on 127.0.0.1 is already in use"; fi
 done
-rm -f "$run_dir/backends" "$run_dir/dynamic" "$run_dir/ngram-k2"
+rm -f "$run_dir/backends" "$run_dir/dynamic" "$run_dir/ngram-k2" "$run_dir/spec-off"
 
 # vLLM's CPU docs ask for Intel OpenMP (shipped in the venv by intel-openmp)
 # and tcmalloc (Debian: libtcmalloc-minimal4) in LD_PRELOAD; speculative
@@ -168,6 +199,7 @@ if [[ "${SPECROUTE_NO_PRELOAD:-0}" != "1" ]]; then
     fi
 fi
 log "LD_PRELOAD for the servers: ${preload:-<none>}"
+log "dtype for the servers: $dtype"
 
 started=()
 trap cleanup_on_error EXIT
@@ -199,6 +231,7 @@ start() {
         --max-model-len "$max_model_len" \
         --enforce-eager \
         --enable-log-requests \
+        --dtype "$dtype" \
         "$@" ${extra_args[@]+"${extra_args[@]}"} \
         </dev/null >>"$logf" 2>&1 &
     disown  # no job-control notice on stderr when down.sh kills it
@@ -211,8 +244,8 @@ start speculative "$spec_port" 0 \
     --speculative-config "$spec_config" \
     ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
 wait_ready speculative "http://127.0.0.1:$spec_port"
-# The dynamic server (core 0) and the third route's server (unpinned) start
-# together while the pair idles.
+# The dynamic server (core 0), the third route's server and the metrics-off twin
+# (core 0) start together while the pair idles.
 if [[ -n "$dynamic" ]]; then
     start dynamic "$dynamic_port" 0 \
         --speculative-config "$dynamic_config" \
@@ -223,6 +256,9 @@ if [[ -n "$ngram_k2" ]]; then
         --speculative-config "$ngram_k2_config" \
         ${spec_metrics_args[@]+"${spec_metrics_args[@]}"}
 fi
+if [[ -n "$spec_off" ]]; then  # vLLM's default: no per-request speculative metrics
+    start spec-off "$spec_off_port" 0 --speculative-config "$spec_config"
+fi
 if [[ -n "$dynamic" ]]; then
     wait_ready dynamic "http://127.0.0.1:$dynamic_port"
     printf 'dynamic=http://127.0.0.1:%s\n' "$dynamic_port" >"$run_dir/dynamic"
@@ -232,6 +268,12 @@ if [[ -n "$ngram_k2" ]]; then
     wait_ready ngram-k2 "http://127.0.0.1:$ngram_k2_port"
     printf 'ngram-k2=http://127.0.0.1:%s\n' "$ngram_k2_port" >"$run_dir/ngram-k2"
     log "ngram-k2=http://127.0.0.1:$ngram_k2_port ($ngram_k2_config)"
+fi
+
+if [[ -n "$spec_off" ]]; then
+    wait_ready spec-off "http://127.0.0.1:$spec_off_port"
+    printf 'spec-off=http://127.0.0.1:%s\n' "$spec_off_port" >"$run_dir/spec-off"
+    log "spec-off=http://127.0.0.1:$spec_off_port ($spec_config, no per-request metrics)"
 fi
 
 printf 'speculative=http://127.0.0.1:%s\nbaseline=http://127.0.0.1:%s\n' "$spec_port" "$base_port" \
