@@ -1,25 +1,38 @@
 #!/usr/bin/env bash
-# Run the real-engine test tier end to end: start the CPU vLLM pair, run
-# pytest on it with SPECROUTE_VLLM_BACKENDS set, and always stop the pair.
+# Run the real-engine test tier end to end: start the CPU vLLM servers, run
+# pytest on them with SPECROUTE_VLLM_BACKENDS set, and always stop them.
 #
-#   deploy/cpu/run_tier.sh [up.sh options...] [-- pytest args...]
+#   deploy/cpu/run_tier.sh [--running] [up.sh options...] [-- pytest args...]
 #
-# Default pytest args: -m vllm tests/vllm, less the tests that need the
-# pair with per-request metrics off (tests/vllm/test_counters_real_vllm.py);
-# with --spec-metrics off, those alone; each test's time over 2 s is printed.
-# Uses the project's dev venv (.venv/bin/python) when present, else python3.
-# Exits with pytest's status (or up.sh's when the pair does not start).
+# Default pytest args: -m vllm tests/vllm, every test of the tier in one run;
+# each test's time over 2 s is printed. Uses the project's dev venv
+# (.venv/bin/python) when present, else python3. Exits with pytest's status (or
+# up.sh's when the servers do not start).
 #
 # Unless --spec-metrics off, it also starts the three-route trio's third server
-# (up.sh --ngram-k2: n-gram k = 2) and exports SPECROUTE_VLLM_NGRAM_K2, for
-# tests/vllm/test_routes_real_vllm.py (issue 42); the metrics-off run needs the pair only.
+# (up.sh --ngram-k2: n-gram k = 2) and the speculative server's twin without
+# per-request metrics (up.sh --spec-off), and exports SPECROUTE_VLLM_NGRAM_K2 and
+# SPECROUTE_VLLM_SPEC_OFF for tests/vllm/test_routes_real_vllm.py and
+# tests/vllm/test_counters_real_vllm.py: the tier needs one start. With
+# --spec-metrics off the pair itself runs without them, and only
+# tests/vllm/test_counters_real_vllm.py runs, against it.
+#
+# --running: up.sh has already started the servers into the same run dir (with
+# the same options: scripts/test.sh starts them while the suite runs); their URLs
+# are read from there. They are stopped at the end all the same.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 up_args=()
 pytest_args=()
+running=""
 while [[ $# -gt 0 ]]; do
+    if [[ "$1" == "--running" ]]; then
+        running=1
+        shift
+        continue
+    fi
     if [[ "$1" == "--" ]]; then
         shift
         pytest_args=("$@")
@@ -40,15 +53,16 @@ for ((i = 0; i < ${#up_args[@]}; i++)); do
     fi
 done
 export SPECROUTE_VLLM_SPEC_METRICS="$spec_metrics"
-if [[ "$spec_metrics" != "off" && " ${up_args[*]-} " != *" --ngram-k2 "* ]]; then
-    up_args+=(--ngram-k2)
-fi
-metrics_off_tests="tests/vllm/test_counters_real_vllm.py"
+for extra in --ngram-k2 --spec-off; do
+    if [[ "$spec_metrics" != "off" && " ${up_args[*]-} " != *" $extra "* ]]; then
+        up_args+=("$extra")
+    fi
+done
 if [[ ${#pytest_args[@]} -eq 0 ]]; then
     if [[ "$spec_metrics" == "off" ]]; then
-        pytest_args=(-m vllm "$metrics_off_tests")
+        pytest_args=(-m vllm tests/vllm/test_counters_real_vllm.py)
     else
-        pytest_args=(-m vllm tests/vllm "--ignore=$metrics_off_tests")
+        pytest_args=(-m vllm tests/vllm)
     fi
     pytest_args+=(--durations=0 --durations-min=2)  # where the tier's time goes, in every log
 fi
@@ -87,7 +101,11 @@ watcher=$!
 trap 'kill "$watcher" 2>/dev/null || true; bash "$here/down.sh" --run-dir "$run_dir" || true' EXIT
 
 t0=$SECONDS
-lines="$(bash "$here/up.sh" ${up_args[@]+"${up_args[@]}"})"
+if [[ -n "$running" ]]; then
+    lines="$(cat "$run_dir/backends")"
+else
+    lines="$(bash "$here/up.sh" ${up_args[@]+"${up_args[@]}"})"
+fi
 SPECROUTE_VLLM_BACKENDS="$(paste -sd, <<<"$lines")"
 export SPECROUTE_VLLM_BACKENDS
 if [[ -f "$run_dir/dynamic" ]]; then  # up.sh --dynamic: the single-server alternative too
@@ -98,6 +116,12 @@ if [[ -f "$run_dir/ngram-k2" ]]; then  # up.sh --ngram-k2: the three routes' thi
     SPECROUTE_VLLM_NGRAM_K2="$(sed -n 's/^ngram-k2=//p' "$run_dir/ngram-k2")"
     export SPECROUTE_VLLM_NGRAM_K2
 fi
+if [[ -f "$run_dir/spec-off" ]]; then  # up.sh --spec-off: the metrics-off twin
+    SPECROUTE_VLLM_SPEC_OFF="$(sed -n 's/^spec-off=//p' "$run_dir/spec-off")"
+elif [[ "$spec_metrics" == "off" ]]; then  # the pair itself runs without them
+    SPECROUTE_VLLM_SPEC_OFF="$(sed -n 's/^speculative=//p' <<<"$lines")"
+fi
+[[ -z "${SPECROUTE_VLLM_SPEC_OFF:-}" ]] || export SPECROUTE_VLLM_SPEC_OFF
 printf '[run_tier] pair up in %d s: %s\n' "$((SECONDS - t0))" "$SPECROUTE_VLLM_BACKENDS" >&2
 
 t1=$SECONDS

@@ -12,6 +12,12 @@ without a key (a browser sends none on a page load, gateway/auth.py lets these
 paths through): the page asks for the key, keeps it in a script variable only
 (no storage, no cookie) and sends it with every call. `[ui] enabled = false`
 turns the page off (404); it is read per request, so a reload applies it.
+
+Two things the page asks besides /stats and /decide: each route's vLLM /version
+(through the gateway, x-specroute-route), where an emulated server says so and names
+the GPU profile its timing models, so that the page says EMULATED on every panel; and
+its own runs carry x-specroute-client: ui, so the gateway counts their decisions under
+reason "ui", not as clients' "override" (gateway/request/pipeline.py).
 """
 
 from __future__ import annotations

@@ -2,21 +2,19 @@
 
 vLLM sends an answer's drafted and accepted tokens only with
 --per-request-spec-decode-metrics, which is off unless asked for. Here the
-speculative server runs without it (deploy/cpu/run_tier.sh --spec-metrics off,
-scripts/test.sh's second tier run), and the default gateway must learn
+speculative server runs without it: the twin of the pair's speculative server
+that deploy/cpu/run_tier.sh starts beside it (up.sh --spec-off, exported as
+SPECROUTE_VLLM_SPEC_OFF; with run_tier.sh --spec-metrics off, the pair's own
+speculative server), with the pair's baseline. The default gateway must learn
 acceptance from the server-wide /metrics counters by attributing each scrape
 window to the requests decoding in it (gateway/backends/acceptance_sources.py). One
 request at a time, every window holds one workload, so the attributed rate
 must match the counters' own rate over the same requests.
-
-Skipped in a tier whose speculative server sends per-request metrics (run_tier
-exports SPECROUTE_VLLM_SPEC_METRICS from up.sh's --spec-metrics).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,21 +22,23 @@ import aiohttp
 import pytest
 
 from tests.support import wait_until
-from tests.vllm.conftest import Scrape, parse_metrics
+from tests.vllm.conftest import SPEC_OFF_ENV, Backends, Scrape, extra_server, parse_metrics
 from tests.vllm.prompts import repeat_code
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        os.environ.get("SPECROUTE_VLLM_SPEC_METRICS") != "off",
-        reason="needs the pair started with --spec-metrics off (scripts/test.sh's second tier run)",
-    ),
-]
+pytestmark = pytest.mark.vllm
 
 MIN_REQUESTS = 24  # drafted 896 tokens (0.61 accepted) on one CPU: short of a 0.03 standard error
 MAX_REQUESTS = 80  # 40 drafted ~1,340 there: enough on that CPU, not on every one
 DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+
+
+@pytest.fixture(scope="module")
+def backends(backends: Backends) -> Backends:
+    """The pair as vLLM runs by default: the metrics-off speculative server, the
+    pair's baseline (quiet_gateway and the tests below take this one)."""
+    url = extra_server(SPEC_OFF_ENV, "spec-off", backends.model)
+    return Backends(speculative=url, baseline=backends.baseline, model=backends.model)
 
 
 async def test_the_speculative_server_runs_with_vllms_default(
