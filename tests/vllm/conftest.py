@@ -17,27 +17,35 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import pytest_asyncio
 from aiohttp import web
 
+from classifier.profile import EngineProfile
 from classifier.tokens import load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import parse_config
 from tests.support import skip_unless_ci
 from tooling import interleave
+from tooling.bench.targets import wait_for_profile
 from tooling.local_stack import serve_app
 
 ENV = "SPECROUTE_VLLM_BACKENDS"
 ROUTES = ("speculative", "baseline")
 # The three-route trio's third server (deploy/cpu/up.sh --ngram-k2: n-gram, k = 2).
 NGRAM_K2_ENV = "SPECROUTE_VLLM_NGRAM_K2"
+# The speculative server's twin without per-request metrics (up.sh --spec-off).
+SPEC_OFF_ENV = "SPECROUTE_VLLM_SPEC_OFF"
 
 
 @dataclass(frozen=True)
@@ -112,23 +120,67 @@ class Trio:
     model: str
 
 
-@pytest.fixture(scope="session")
-def trio(backends: Backends) -> Trio:
-    url = os.environ.get(NGRAM_K2_ENV, "").strip().rstrip("/")
+def extra_server(env: str, name: str, model: str) -> str:
+    """The URL of one more server run_tier.sh started (in `env`), checked to serve `model`."""
+    url = os.environ.get(env, "").strip().rstrip("/")
     if not url:
-        skip_unless_ci(f"{NGRAM_K2_ENV} not set (deploy/cpu/run_tier.sh starts the third server)")
+        skip_unless_ci(f"{env} not set (deploy/cpu/run_tier.sh starts the {name} server)")
     try:
         listing = _get_json(url + "/v1/models")
     except (urllib.error.URLError, OSError) as e:
-        pytest.fail(f"ngram-k2 backend {url} does not answer /v1/models: {e}")
+        pytest.fail(f"{name} backend {url} does not answer /v1/models: {e}")
     data = listing["data"]
     assert isinstance(data, list)
-    assert [m["id"] for m in data] == [backends.model], f"ngram-k2 serves {data}"
+    assert [m["id"] for m in data] == [model], f"{name} serves {data}"
+    return url
+
+
+@pytest.fixture(scope="session")
+def trio(backends: Backends) -> Trio:
+    url = extra_server(NGRAM_K2_ENV, "ngram-k2", backends.model)
     return Trio(
         urls={"none": backends.baseline, "ngram-k4": backends.speculative, "ngram-k2": url},
         k={"none": 0, "ngram-k4": 4, "ngram-k2": 2},  # deploy/cpu/up.sh
         model=backends.model,
     )
+
+
+@dataclass(frozen=True)
+class TrioProfile:
+    """The tier's one engine profile of the trio, measured by a cold default gateway."""
+
+    path: Path  # the JSON file that gateway saved (routing.profile_path)
+    profile: EngineProfile  # that file, read back
+    in_use: Mapping[str, Any]  # the profile the gateway then used, from its /stats
+    waited_s: float  # from the gateway's start until it was in use
+
+
+# A cold gateway's profile of three CPU servers: 2-10 minutes on the 2-core machine.
+PROFILE_TIMEOUT_S = 1200
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def trio_profile(trio: Trio, tmp_path_factory: pytest.TempPathFactory) -> TrioProfile:
+    """A cold gateway with the defaults and the trio's three [routes.NAME] tables
+    profiles the servers once for the whole tier: the profiler's own test reads it,
+    and the gateways of the routing tests load it from its file, as a restarted
+    gateway does (each profiling took 6-10 minutes on the 2-core machine). The
+    servers are idle: a session fixture, first set up by whichever test needs it."""
+    path = tmp_path_factory.mktemp("profile") / "trio.json"
+    tables = interleave.route_tables(trio.urls, trio.k)
+    config = parse_config({"routes": tables, "routing": {"profile_path": str(path)}})
+    runner, gateway = await serve_app(create_app(config, tokens=load_tiktoken_counter()))
+    try:
+        started = time.monotonic()
+        await wait_for_profile(aiohttp.ClientSession, gateway, sys.stdout, PROFILE_TIMEOUT_S)
+        waited = time.monotonic() - started
+        async with aiohttp.ClientSession() as http, http.get(gateway + "/stats") as resp:
+            stats = (await resp.json())["profile"]
+    finally:
+        await runner.cleanup()
+    assert stats["in_use"], f"no profile of the trio after {PROFILE_TIMEOUT_S} s"
+    print(f"profile of the trio in after {waited:.0f} s")
+    return TrioProfile(path, EngineProfile.loads(path.read_text()), stats["profile"], waited)
 
 
 # ---- Prometheus text parsing (just enough for vLLM's /metrics) ----
