@@ -1,9 +1,12 @@
-"""The product's claim on the real engine: a cold gateway with the defaults profiles
-the CPU pair, then routes a mixed workload no slower than the better static route.
+"""The product's claim on the real engine: a gateway with the defaults and the CPU
+pair's profile routes a mixed workload no slower than the better static route.
 
-Told only the two URLs and k, the gateway measures the pair at start (the test
-waits for that), learns from a short warm-up, and is then timed against
-sending everything to either server, on the same requests, at concurrency 1:
+Told only the two URLs and k, the gateway loads the pair's profile from its
+routing.profile_path: the tier's one profile (tests/vllm/conftest.py
+trio_profile, which a cold default gateway measured at its start on the same
+servers), under the pair's route names. It learns from a short warm-up, and is
+then timed against sending everything to either server, on the same requests,
+at concurrency 1:
 
 - the targets are interleaved request by request, in an order that rotates, so
   a drift of this 2-core machine's speed lands on all three alike;
@@ -30,18 +33,21 @@ from __future__ import annotations
 import random
 import statistics
 import sys
-import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from classifier.profile import EngineProfile, ServerIdentity
 from classifier.tokens import load_tiktoken_counter
 from gateway.app import create_app
 from gateway.config import parse_config
-from tests.vllm.conftest import Backends, primed, settle, timed_ok
+from gateway.profiling.lifecycle import current_identities
+from tests.vllm.conftest import PROFILE_TIMEOUT_S, Backends, TrioProfile, primed, settle, timed_ok
 from tests.vllm.prompts import creative
 from tooling import datasets, interleave
 from tooling.bench.targets import wait_for_profile
@@ -79,9 +85,23 @@ WORKLOADS = {
 }
 
 
-@pytest.mark.timeout(1500)  # the profile (2-10 min here), warm-up, 48 timed requests
-async def test_a_cold_default_gateway_routes_no_slower_than_the_better_static_route(
-    backends: Backends, http: aiohttp.ClientSession, tmp_path: Path
+def pair_profile(trio: EngineProfile, identities: Mapping[str, ServerIdentity]) -> EngineProfile:
+    """The trio's profile as the pair's gateway names it: ngram-k4 is its speculative
+    server, none its baseline (ngram-k2 left out). Each `beside` was measured against
+    the other of the two (the first other route of the device). Only the method's
+    label may differ between the two configs' identities of one server."""
+    routes = []
+    for name, ident in identities.items():
+        measured = trio.route({"speculative": "ngram-k4", "baseline": "none"}[name])
+        assert measured is not None, trio.identities()
+        assert replace(ident, speculative=measured.identity.speculative) == measured.identity
+        routes.append(replace(measured, name=name, identity=ident))
+    return replace(trio, routes=tuple(routes))
+
+
+@pytest.mark.timeout(1800)  # the tier's profile if not yet measured (2-10 min), 72 requests
+async def test_a_default_gateway_routes_no_slower_than_the_better_static_route(
+    backends: Backends, trio_profile: TrioProfile, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     config = parse_config(
         {
@@ -89,17 +109,21 @@ async def test_a_cold_default_gateway_routes_no_slower_than_the_better_static_ro
                 "speculative": {"urls": [backends.speculative], "num_speculative_tokens": K},
                 "baseline": {"urls": [backends.baseline]},
             },
-            "routing": {"profile_path": str(tmp_path / "profile.json")},  # cold: none yet
+            "routing": {"profile_path": str(tmp_path / "profile.json")},
         }
     )
+    identities = await current_identities(http, config)
+    assert identities is not None
+    profile = pair_profile(trio_profile.profile, identities)
+    (tmp_path / "profile.json").write_text(profile.dumps())
     app = create_app(config, tokens=load_tiktoken_counter())
     runner, gateway = await serve_app(app)
     try:
-        started = time.monotonic()
-        await wait_for_profile(aiohttp.ClientSession, gateway, sys.stdout, timeout_s=900)
+        await wait_for_profile(aiohttp.ClientSession, gateway, sys.stdout, PROFILE_TIMEOUT_S)
         async with http.get(gateway + "/stats") as resp:
-            assert (await resp.json())["profile"]["in_use"], "no profile after 900 s"
-        print(f"profile in after {time.monotonic() - started:.0f} s")
+            in_use = (await resp.json())["profile"]
+        assert in_use["in_use"], f"no profile after {PROFILE_TIMEOUT_S} s"
+        assert in_use["profile"] == profile.to_json(), "the pair's profile was not loaded"
 
         url = {"gateway": gateway, "speculative": backends.speculative}
         url["baseline"] = backends.baseline
