@@ -668,13 +668,12 @@ def _serve_configured(args: argparse.Namespace) -> int:
     and the flags as `serve` takes them (tooling/configured_stack.py)."""
     from tooling.configured_stack import serve_configured
 
-    if getattr(args, "drafter", ""):
+    if args.drafter:
         raise ConfigError("--drafter: with --config each route's method names its drafter")
     config = resolve_config(args.config, args.host, args.port, [], log_level=args.log_level)
     configure_logging(config.logging.level)
     _check_listen(config.server.host, config.server.port)
-    profile = getattr(args, "gpu_profile", None)
-    options = {"gpu_profile": profile} if profile else {}
+    options = {"gpu_profile": args.gpu_profile} if args.gpu_profile else {}
     asyncio.run(serve_configured(config, config.server.host, config.server.port, **options))
     return 0
 

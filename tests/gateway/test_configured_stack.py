@@ -126,3 +126,19 @@ async def test_by_index_pairs_put_server_i_of_every_route_on_gpu_i(tokens: Token
             "ngram-k4": ("gpu:0", "gpu:1"),
         }
         assert all(len(c.urls) == 2 for c in stack.config.routes.values())
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--gpu-profile", "h100-nothing"], "no GPU profile 'h100-nothing'"),
+        (["--drafter", "eagle3"], "--drafter: with --config each route's method names"),
+    ],
+)
+def test_the_emulate_flags_with_a_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    path = tmp_path / "routes.toml"
+    path.write_text(ROUTES + "[server]\nport = 1\n")
+    assert main(["serve", "--emulate", "--config", str(path), *flags]) == 2
+    assert message in capsys.readouterr().err
