@@ -88,8 +88,7 @@ _COMMANDS = {
             "specroute serve --config /etc/specroute/config.toml --host 0.0.0.0",
             "specroute serve --backend speculative=http://gpu:8001 "
             "--backend baseline=http://gpu:8002",
-            "specroute serve --emulate                        # no GPU: two EMULATED servers",
-            "specroute serve --emulate --config routes.toml   # its [routes.NAME], EMULATED",
+            "specroute serve --emulate --config routes.toml   # no GPU: its routes EMULATED",
         ),
     ),
     "ext-proc": _Spec(
