@@ -134,7 +134,7 @@ async def test_an_emulated_server_runs_at_the_profiles_step_time(
     client = await emulator("baseline", gpu_profile=profile_file, time_scale=1.0)
     version = await (await client.get("/version")).json()
     assert "emulated" in version["version"] and "test-gpu-9" in version["emulated"]["gpu"]
-    tokens, arrivals = 24, []
+    tokens, arrivals = 48, []
     body = chat("hello there", max_tokens=tokens, ignore_eos=True, stream=True)
     async with client.post("/v1/chat/completions", json=body) as resp:
         assert resp.status == 200
@@ -144,8 +144,9 @@ async def test_an_emulated_server_runs_at_the_profiles_step_time(
                 arrivals.append(time.perf_counter())
     assert len(arrivals) == tokens
     gaps = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
-    want = target_ms(1, 1) + context_extra(30)  # ctx: a short prompt and the answer so far
-    assert gaps * 1000 == pytest.approx(want, rel=0.15), (gaps, want)
+    want = target_ms(1, 1) + context_extra(40)  # ctx: a short prompt and the answer so far
+    # 20% holds a late first or last read on a busy machine; the H200's 6 ms is far off
+    assert gaps * 1000 == pytest.approx(want, rel=0.2), (gaps, want)
 
 
 def test_gpu_measure_reads_shapes_and_says_what_it_needs(
