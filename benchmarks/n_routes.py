@@ -46,6 +46,7 @@ from classifier import FinishedRequest, Route, StaticPolicy  # noqa: E402
 from classifier.router import RouterConfig  # noqa: E402
 from tooling.emulator.costs import describe_gpu  # noqa: E402
 from tooling.sim import shared_gpu as sim  # noqa: E402
+from tooling.workloads import MIXES  # noqa: E402
 
 ROUTES = sim.FOUR_ROUTES
 NONE = ROUTES[0]
@@ -91,11 +92,12 @@ class Recording(StaticPolicy):
             self.rates[outcome.features.workload.value].append(outcome.acceptance)
 
 
-def measure(seed: int, per_workload: int, prior_sd: float | None) -> Seed:
+def measure(seed: int, per_workload: int, prior_sd: float | None, mix: str) -> Seed:
     config = RouterConfig() if prior_sd is None else RouterConfig(prior_sd=prior_sd)
     out = Seed(seed)
-    requests = sim.jobs(per_workload, seed=seed)
-    warmup = sim.jobs(per_workload, seed=seed + 1000)
+    names = MIXES[mix]
+    requests = sim.jobs(per_workload, seed=seed, names=names)
+    warmup = sim.jobs(per_workload, seed=seed + 1000, names=names)
 
     def static(route: Route, c: int) -> list[sim.Served]:
         return sim.simulate(StaticPolicy(route), requests, c, routes=ROUTES)
@@ -111,7 +113,7 @@ def measure(seed: int, per_workload: int, prior_sd: float | None) -> Seed:
     out.rates = {r.value: dict(recorder.rates) for r, recorder in recorders.items()}
     for r in ROUTES:
         out.c1[f"static {r.name}"] = sim.mean_latency(runs[r.name])
-        for workload in sim.MIXED:
+        for workload in names:
             times = [s.duration_s for s in runs[r.name] if s.job.workload == workload]
             out.truth[(workload, r.name)] = statistics.fmean(times)
     for _, r in PAIRS:
@@ -119,7 +121,7 @@ def measure(seed: int, per_workload: int, prior_sd: float | None) -> Seed:
     out.c1["oracle, all four"] = sim.oracle_latency(*runs.values())
     # Each workload to its cheapest route, known in advance: what a router can reach that
     # knows every workload's truth but not each request's luck.
-    cheapest = {w: min(ROUTES, key=lambda r: out.truth[(w, r.name)]).name for w in sim.MIXED}
+    cheapest = {w: min(ROUTES, key=lambda r: out.truth[(w, r.name)]).name for w in names}
     out.c1["each workload's cheapest route, known"] = statistics.fmean(
         runs[cheapest[job.workload]][i].duration_s for i, job in enumerate(requests)
     )
@@ -186,6 +188,12 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--prior-sd", type=float, default=None, help="RouterConfig.prior_sd (a what-if)"
     )
+    parser.add_argument(
+        "--mix",
+        choices=("mixed", "held_out"),
+        default="mixed",
+        help="the built-in workloads, or with text-to-SQL its markers call chat (held_out)",
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     with ProcessPoolExecutor() as pool:
@@ -195,6 +203,7 @@ def main(argv: Sequence[str]) -> int:
                 seeds,
                 [args.per_workload] * len(seeds),
                 [args.prior_sd] * len(seeds),
+                [args.mix] * len(seeds),
             )
         )
     report(results, args)
@@ -208,11 +217,12 @@ def _row(name: str, values: Sequence[float], fmt: str = "{:8.3f}") -> str:
 
 def report(results: Sequence[Seed], args: argparse.Namespace) -> None:
     seeds = [r.seed for r in results]
-    requests = args.per_workload * len(sim.MIXED)
+    names = MIXES[args.mix]
+    requests = args.per_workload * len(names)
     print(f"EMULATED (virtual time) on {describe_gpu(ROUTES[1].emulator).split(', drafter')[0]}")
     print("routes: " + ", ".join(f"{r.name} ({r.label})" for r in ROUTES))
     prior = "default" if args.prior_sd is None else f"{args.prior_sd} (what-if)"
-    print(f"{requests} requests a seed ({', '.join(sim.MIXED)}), seeds {seeds}; prior_sd {prior}")
+    print(f"{requests} requests a seed ({', '.join(names)}), seeds {seeds}; prior_sd {prior}")
     heading = f"{'':<48}" + "".join(f"{'seed ' + str(s):>8}" for s in seeds) + "  |    mean"
 
     print("\n## c=1: mean e2e (ms)")
@@ -241,7 +251,7 @@ def report(results: Sequence[Seed], args: argparse.Namespace) -> None:
 
     print("\n## c=1: each workload's true cost per static route (ms, all seeds; * lowest)")
     print(f"{'workload':<12}" + "".join(f"{r.name:>12}" for r in ROUTES))
-    for workload in sim.MIXED:
+    for workload in names:
         means = {
             r.name: statistics.fmean(x.truth[(workload, r.name)] for x in results) * 1000
             for r in ROUTES
@@ -254,7 +264,7 @@ def report(results: Sequence[Seed], args: argparse.Namespace) -> None:
 
     print("\n## c=1: where each workload went (share of its requests, all seeds): gateway | oracle")
     print(f"{'workload':<12}" + "".join(f"{r.name:>16}" for r in ROUTES))
-    for workload in sim.MIXED:
+    for workload in names:
         cells = ""
         for r in ROUTES:
             sent = sum(x.routed[(workload, r.name)] for x in results)
