@@ -574,9 +574,15 @@ class BackendPool:
     async def run_prober(
         self, session: aiohttp.ClientSession, interval_s: float, timeout_s: float
     ) -> None:
-        while True:
-            await self.probe_all(session, timeout_s)
-            await asyncio.sleep(interval_s)
+        """Probe every interval_s, restarted (and logged) if a round raises: a dead
+        prober would leave every endpoint with the health it last had."""
+
+        async def loop() -> None:
+            while True:
+                await self.probe_all(session, timeout_s)
+                await asyncio.sleep(interval_s)
+
+        await supervised(loop, interval_s, task="health_prober")
 
 
 async def _probe(
