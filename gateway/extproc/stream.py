@@ -49,6 +49,7 @@ from gateway.request.dispatch import (
 from gateway.request.pipeline import (
     analyse,
     ask_for_usage,
+    failover_routes,
     live_state,
     route_override,
     settle,
@@ -202,7 +203,15 @@ class PickerStream:
         sent, strip = ask_for_usage(body, raw, life.endpoint)
         self._strip = strip
         predicted = predicted_header(decision)
-        routed = Routed(decision.route, decision.reason, sent, strip, life.request_id, predicted)
+        routed = Routed(
+            decision.route,
+            decision.reason,
+            sent,
+            strip,
+            life.request_id,
+            predicted,
+            alternatives=failover_routes(decision, served, config.routes),
+        )
         pool = app[BACKENDS]
         route = admit(pool, config, routed, life)
         upstream = self._track(route, pair, features)

@@ -104,8 +104,7 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
             read_events=(
                 responses.read_events if endpoint is Endpoint.RESPONSES else read_chat_events
             ),
-            # Where a failover may go: routes that serve the model (none: this one again).
-            alternatives=alternatives(decision, served.serving(config.routes)) or (decision.route,),
+            alternatives=failover_routes(decision, served, config.routes),
         )
         answer = await dispatch(request, routed, life, config)
         if endpoint is Endpoint.RESPONSES and (answered_by := request.get(ANSWERED_BY)):
@@ -136,6 +135,14 @@ def steer_to_model(decision: Decision, served: ModelFilter, routes: Iterable[Rou
         return decision
     best = alternatives(decision, served.serving(routes))[0]
     return dataclasses.replace(decision, route=best, reason=MODEL_FALLBACK)
+
+
+def failover_routes(
+    decision: Decision, served: ModelFilter, routes: Iterable[Route]
+) -> tuple[Route, ...]:
+    """Where a failover may go: the routes that serve the model, the predicted cheapest
+    first (none: the decision's route again, never one that answers 404)."""
+    return alternatives(decision, served.serving(routes)) or (decision.route,)
 
 
 def settle(app: web.Application, snapshot: Snapshot, life: RequestLife) -> None:
