@@ -13,8 +13,11 @@ decide() changes nothing in any policy, and its one random step (the cost
 model's acceptance drawn from its posterior, to explore) is taken only with a
 random generator, which a dry run does not pass. So the answer is the
 posterior mean's: what a request on this load would get now, unless its own
-draw explores. Nothing is logged but the error middleware's line for a
-refusal; the prompt never is.
+draw explores. A route known not to serve the request's model is left out as
+it is for the request (gateway/backends/models.py), so the dry run names the
+route the request would take. Nothing is logged but the error middleware's line
+for a refusal, and the models' one line per route that lacks one; the prompt
+never is.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from classifier.features import Endpoint, RequestFeatures
 from classifier.speculation import acceptance_rate, alpha_from_rate
 from classifier.types import Decision, LiveState, Policy, Route
 from gateway.api.stats import route_list
+from gateway.backends.models import ModelFilter
 from gateway.config import Config
-from gateway.request.pipeline import live_state, read_and_analyse
-from gateway.state import RUNTIME
+from gateway.request.pipeline import live_state, read_and_analyse, steer_to_model
+from gateway.state import BACKENDS, RUNTIME
 
 
 async def chat_completions(request: web.Request) -> web.Response:
@@ -46,9 +50,12 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     app = request.app
     snapshot = app[RUNTIME].current
     config = snapshot.config
-    _, _, features = await read_and_analyse(request, endpoint, config)
-    pair, state = live_state(app)  # as a request would be: the pair first, then the route
-    decision = preview(snapshot.policy, features, state, pair)
+    _, body, features = await read_and_analyse(request, endpoint, config)
+    served = ModelFilter.of(app[BACKENDS], body)  # routes without its model: unavailable
+    pair, state = live_state(app, served)  # as a request would be: the pair, then the route
+    decision = steer_to_model(
+        preview(snapshot.policy, features, state, pair), served, config.routes
+    )
     over = reference(config)
     return web.json_response(
         {
