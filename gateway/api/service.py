@@ -7,7 +7,7 @@ import importlib.resources
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.backends.models import readiness_problem, served
+from gateway.backends.models import lacking, readiness_problem, served
 from gateway.errors import error_response
 from gateway.state import BACKENDS, METRICS, RUNTIME, SESSION
 
@@ -35,6 +35,7 @@ async def ready(request: web.Request) -> web.Response:
     # Whether the speculative server sends per-request metrics (null until a
     # speculative answer says), and so where the router's acceptance comes from.
     sources = pool.sources
+    lacks = lacking(pool)
     return web.json_response(
         {
             "status": "ready",
@@ -42,6 +43,8 @@ async def ready(request: web.Request) -> web.Response:
             "models": {
                 b.route.value: sorted(m) if (m := served(b)) is not None else None for b in pool
             },
+            # What another route serves and this one does not: a request for it avoids it.
+            "lacking": {r.value: None if m is None else sorted(m) for r, m in lacks.items()},
             "per_request_metrics": sources.per_request_metrics,
             "acceptance_source": sources.in_use,
         }

@@ -12,7 +12,8 @@ out of the failover order, and never chosen while a route that serves it is left
 no route serves goes on unchanged, and vLLM answers its own 404. Each endpoint that lacks
 a model another route serves is logged once (a warning), again only after its models
 change. /ready is 503 while the routes serve no model in common, naming what each lacks
-(the config names no model); /v1/models lists every model with the routes that serve it.
+(the config names no model), and says what each route lacks when ready too; /v1/models
+lists every model with the routes that serve it.
 """
 
 from __future__ import annotations
@@ -94,18 +95,30 @@ def _common(endpoints: Iterable[Collection[str] | None]) -> frozenset[str] | Non
     return frozenset.intersection(*known) if known else None
 
 
+def _known(pool: BackendPool) -> dict[Route, frozenset[str]]:
+    """The models each route serves, for the routes whose models are known."""
+    return {b.route: models for b in pool if (models := served(b)) is not None}
+
+
+def lacking(pool: BackendPool) -> dict[Route, frozenset[str] | None]:
+    """Per route, the models another route serves and it does not (None: its models are
+    unknown), for /ready to say which route lacks which model."""
+    known = _known(pool)
+    every = frozenset[str]().union(*known.values())
+    return {b.route: every - known[b.route] if b.route in known else None for b in pool}
+
+
 def readiness_problem(pool: BackendPool) -> str | None:
     """Why the routes cannot stand in for each other, or None: no model that every route
     with known models serves. Names what each route lacks."""
-    known = {b.route: models for b in pool if (models := served(b)) is not None}
+    known = _known(pool)
     if not known or frozenset.intersection(*known.values()):
         return None
-    every = frozenset.union(*known.values())
-    lacks = "; ".join(
-        f"route {route.value} serves {sorted(models)}, lacks {sorted(every - models)}"
+    lacks = lacking(pool)
+    return "no model is served by every route: " + "; ".join(
+        f"route {route.value} serves {sorted(models)}, lacks {sorted(lacks[route] or ())}"
         for route, models in known.items()
     )
-    return f"no model is served by every route: {lacks}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from grpc_health.v1._async import HealthServicer
 
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
+from gateway.backends.models import readiness_problem
 from gateway.config import Config
 from gateway.extproc.pb import ext_proc_subset_pb2 as pb
 from gateway.extproc.stream import Mode, PickerStream
@@ -100,7 +101,8 @@ class Health(HealthServicer):
     def serving(self) -> bool:
         if self.app[RUNTIME].draining:
             return False
-        return any(b.healthy or b.reachable for b in self.app[BACKENDS])
+        pool = self.app[BACKENDS]
+        return any(b.healthy or b.reachable for b in pool) and readiness_problem(pool) is None
 
     async def refresh(self) -> None:
         status = _SERVING if self.serving() else _NOT_SERVING
