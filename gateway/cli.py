@@ -1,10 +1,10 @@
-"""`specroute serve | ext-proc | profile | config | emulate | demo | bench | advise | train | gpu`.
+"""`specroute serve | ext-proc | profile | config`, and the commands installed beside them.
 
-Only `serve`, `ext-proc`, `profile` and `config` are production code; every other command
-lives in tooling/ and is imported only when it runs, so the gateway starts without the
-bench, the emulator, scikit-learn or matplotlib. tooling/ is its own distribution,
-specroute-tools (tooling/pyproject.toml); without it those commands say how to get it
-and exit 2.
+Only `serve`, `ext-proc`, `profile` and `config` are the gateway's. Every other command
+(emulate, demo, bench, advise, train, gpu from specroute-tools) is registered in the
+entry-point group `specroute.commands` (gateway/commands.py) and imported only when it
+runs, so the gateway starts without the bench, the emulator, scikit-learn or matplotlib;
+with none installed, a command not the gateway's says in one line what to install.
 
 Every command has a description and examples in its --help, and every flag its help
 and default. The production commands' main flags fall back to environment variables
@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
-import importlib
 import importlib.metadata
 import json
 import os
 import socket
 import sys
-import textwrap
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol, cast
+from typing import cast
 
 from classifier.types import PAIR, ROUTE_NAME, Route
+from gateway import commands
 from gateway.addresses import is_host, parse_port, redact_url
+from gateway.commands import Command, Help, HelpFormatter, ServesEmulated
 from gateway.config import (
     Config,
     ConfigError,
@@ -57,28 +58,10 @@ ENVIRONMENT = {
 }
 _LEVELS = ("debug", "info", "warning", "error")
 _EXT_PROC_PORTS = {"port": 9002, "metrics_port": 9003}
-
-
-class _Command(Protocol):
-    """What a tooling module offers as a subcommand."""
-
-    def add_arguments(self, p: argparse.ArgumentParser) -> None: ...
-
-    def run(self, args: argparse.Namespace, argv: list[str]) -> int: ...
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Spec:
-    """One subcommand as --help shows it."""
-
-    help: str
-    description: str
-    examples: tuple[str, ...]
-    module: str = ""  # tooling's module, imported only for the command that runs
-
+_GET_TOOLS = "from a specroute checkout: pip install ./tooling"
 
 _COMMANDS = {
-    "serve": _Spec(
+    "serve": Help(
         "run the gateway",
         "Run the OpenAI-compatible gateway: each request goes to the speculative or the "
         "baseline vLLM server, whichever is predicted faster for it now (docs/ARCHITECTURE.md). "
@@ -91,7 +74,7 @@ _COMMANDS = {
             "specroute serve --emulate --config routes.toml   # no GPU: its routes EMULATED",
         ),
     ),
-    "ext-proc": _Spec(
+    "ext-proc": Help(
         "run as Envoy's external processor (gRPC), deciding what Envoy forwards",
         "Envoy's ext_proc server (envoy.service.ext_proc.v3) with the gateway's decisions, "
         "learning, metrics, shadow copies and profile: Envoy carries the requests. pool mode "
@@ -102,7 +85,7 @@ _COMMANDS = {
             "specroute ext-proc --mode endpoint --host 0.0.0.0 --port 9002",
         ),
     ),
-    "profile": _Spec(
+    "profile": Help(
         "measure both servers' costs now (or --show the stored profile)",
         "Profile the speculative and the baseline server (they must be idle): time to first "
         "token, the step per batch, acceptance per workload kind, the overlap on a shared GPU. "
@@ -112,7 +95,7 @@ _COMMANDS = {
             "specroute profile --show",
         ),
     ),
-    "config": _Spec(
+    "config": Help(
         "print the config's JSON Schema, or check a config file",
         "--schema prints config.toml's JSON Schema (draft 2020-12: every key, its type, "
         "default, choices and description), for an editor's completion and checks. --check "
@@ -122,83 +105,7 @@ _COMMANDS = {
             "specroute config --check /etc/specroute/config.toml",
         ),
     ),
-    "emulate": _Spec(
-        "run one EMULATED vLLM server (see `specroute emulate --help`)",
-        "",
-        (),
-        "tooling.emulator.cli",
-    ),
-    "demo": _Spec(
-        "no-GPU demo: EMULATED backends, the gateway, a short mixed workload",
-        "Start two EMULATED vLLM servers and the gateway in one process, then bench the demo "
-        "mix through the baseline, the speculative server and the gateway: per workload what "
-        "each route gave, what the gateway chose, and its regret against the per-request "
-        "oracle. The figures are the emulator's modelled timing, not a GPU's.",
-        (
-            "specroute demo",
-            "specroute demo --warmup 8 --requests 12 --gpu-profile h200-qwen3-32b",
-        ),
-        "tooling.demo",
-    ),
-    "bench": _Spec(
-        "drive a workload at baseline, speculative and gateway side by side; table, JSON, PNG",
-        "Drive the same requests at every target and compare them paired: speedup over the "
-        "baseline, acceptance, the per-request oracle and the gateway's regret, each with "
-        "its 95% bootstrap interval.",
-        (
-            "specroute bench --emulate --concurrency 1,8 --json bench.json --plot bench.png",
-            "specroute bench --target baseline=http://gpu:8002 --target "
-            "speculative=http://gpu:8001 --target gateway=http://127.0.0.1:8080 --workload code",
-            "specroute bench --target gateway=http://127.0.0.1:8080 --target "
-            "baseline=http://gpu:8002 --workload requests.jsonl --replay-timing",
-        ),
-        "tooling.bench.cli",
-    ),
-    "advise": _Spec(
-        "from a bench JSON or an outcome log: speculate or not, per workload, and why",
-        "Should this traffic be speculated? Per workload and overall: share of traffic, "
-        "measured acceptance, speedup with its interval, the prefill share, a verdict (or "
-        "INCONCLUSIVE), and what the draft costs in memory.",
-        (
-            "specroute advise bench.json",
-            "specroute advise /var/lib/specroute/outcomes.jsonl* --k 4",
-            "specroute advise bench.json --spec-url http://gpu:8001 --base-url http://gpu:8002",
-        ),
-        "tooling.advise",
-    ),
-    "train": _Spec(
-        "fit the acceptance model from outcome logs (needs the `train` extra: scikit-learn)",
-        "Fit the offline acceptance model from the gateway's outcome log (its speculative "
-        "requests with a measured acceptance) and write it as JSON for routing.model_path.",
-        ("specroute train /var/lib/specroute/outcomes.jsonl* --out model.json",),
-        "tooling.train",
-    ),
-    "gpu": _Spec(
-        "measure your own GPU's step costs, build a profile the emulator runs (--gpu-profile)",
-        "`gpu measure` times your target's and drafters' steps on this CUDA machine (needs "
-        "only torch); `gpu build` turns the run into a profile file for --gpu-profile PATH in "
-        "emulate, demo, bench and serve --emulate. docs/own-gpu.md.",
-        (
-            "specroute gpu measure --model /models/Llama-3.1-8B-Instruct "
-            "--drafter draft=/models/Llama-3.2-1B-Instruct --drafter ngram --out run/",
-            "specroute gpu build run/steps.jsonl -o my-gpu.json   # then --gpu-profile my-gpu.json",
-        ),
-        "tooling.gpu",
-    ),
 }
-_TOOLS = {name: spec for name, spec in _COMMANDS.items() if spec.module and name != "emulate"}
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and examples as written; each flag's default where it has one and its
-    help does not already say it."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        unset = action.default in (None, False, [], argparse.SUPPRESS)
-        if unset or not action.option_strings or "default" in text:
-            return text
-        return f"{text} (default: %(default)s)"
 
 
 def version() -> str:
@@ -209,53 +116,85 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-def epilog(examples: tuple[str, ...], environment: tuple[str, ...] = ()) -> str:
-    """--help's closing text: the examples, then the environment variables read (dests)."""
-    text = "examples:\n" + "\n".join(f"  {e}" for e in examples)
-    if environment:
-        text += "\n\nenvironment (a flag beats its variable, which beats config.toml):\n"
-        text += "\n".join(f"  {ENVIRONMENT[d]:<24}--{d.replace('_', '-')}" for d in environment)
-    return text
+def environment(dests: tuple[str, ...]) -> str:
+    """--help's list of the environment variables a command reads (its flags' dests)."""
+    text = "environment (a flag beats its variable, which beats config.toml):\n"
+    return text + "\n".join(f"  {ENVIRONMENT[d]:<24}--{d.replace('_', '-')}" for d in dests)
 
 
-def _wrap(text: str) -> str:
-    return textwrap.fill(text, 88)
+def installed() -> dict[str, importlib.metadata.EntryPoint]:
+    """The commands installed beside the gateway's (a plugin's name that is one of the
+    gateway's own is passed over)."""
+    return {n: e for n, e in commands.installed().items() if n not in _COMMANDS}
 
 
-def _tooling_missing(command: str, exc: ModuleNotFoundError) -> int:
-    """Exit status 2 and how to get tooling, when `exc` is tooling itself not installed
-    (specroute-tools); any other missing module (scikit-learn, say) is raised as it is."""
-    if exc.name != "tooling" and not (exc.name or "").startswith("tooling."):
-        raise exc
+def _needs_tools(command: str) -> int:
     print(
         f"specroute {command}: needs specroute-tools (the tooling package), which is not "
-        "installed; from a specroute checkout: pip install ./tooling",
+        f"installed; {_GET_TOOLS}",
         file=sys.stderr,
     )
     return 2
 
 
+def _tooling_missing(command: str, exc: ModuleNotFoundError) -> int:
+    """Exit status 2 and how to get tooling, when `exc` is tooling itself not importable
+    (its entry points installed, its package gone); any other missing module
+    (scikit-learn, say) is raised as it is."""
+    if (exc.name or "").split(".")[0] != "tooling":
+        raise exc
+    return _needs_tools(command)
+
+
+def _load(name: str, label: str) -> Command | None:
+    """The installed command `name`, imported; None, and why on stderr, where it is not
+    installed or its package cannot be imported."""
+    entry = installed().get(name)
+    if entry is None:
+        _needs_tools(label)
+        return None
+    try:
+        return commands.load(entry)
+    except ModuleNotFoundError as exc:
+        _tooling_missing(label, exc)
+        return None
+
+
+def _importable() -> dict[str, Command]:
+    """Every installed command that imports, for `specroute --help`'s list; the others are
+    listed by name."""
+    tools = {}
+    for name, entry in installed().items():
+        with contextlib.suppress(ImportError, TypeError):
+            tools[name] = commands.load(entry)
+    return tools
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["emulate"]:  # its own parser: every knob of the emulator is a flag
-        try:
-            from tooling.emulator import main as emulate
-        except ModuleNotFoundError as exc:
-            return _tooling_missing("emulate", exc)
-
-        return emulate(argv[1:])
-    tools: dict[str, _Command] = {}
-    if argv[:1] and argv[0] in _TOOLS:
-        try:
-            tools[argv[0]] = cast(_Command, importlib.import_module(_TOOLS[argv[0]].module))
-        except ModuleNotFoundError as exc:
-            return _tooling_missing(argv[0], exc)
+    name = argv[0] if argv else ""
+    tools: dict[str, Command] = {}
+    if name in installed() or (name == "serve" and "--emulate" in argv[1:]):
+        wanted = "emulate" if name == "serve" else name  # serve --emulate: its flags too
+        tool = _load(wanted, "serve --emulate" if name == "serve" else name)
+        if tool is None:
+            return 2
+        tools[wanted] = tool
+    elif name in ("-h", "--help"):
+        tools = _importable()
+    elif name and name[0] != "-" and name not in _COMMANDS and not installed():
+        print(
+            f"specroute {name}: not a command of the gateway ({', '.join(_COMMANDS)}), and "
+            f"no other commands are installed; the tools' come with specroute-tools, {_GET_TOOLS}",
+            file=sys.stderr,
+        )
+        return 2
     parser = build_parser(tools)
     args = parser.parse_args(argv)
     try:
         apply_environment(args)
         if args.command == "serve":
-            return _serve(args)
+            return _serve(args, tools)
         if args.command == "ext-proc":
             return _ext_proc(args)
         if args.command == "profile":
@@ -274,48 +213,50 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def build_parser(tools: Mapping[str, _Command]) -> argparse.ArgumentParser:
-    """The CLI's parser, with the flags of the tooling commands in `tools` (the others are
-    listed, their flags unknown: their modules are not imported)."""
+def build_parser(tools: Mapping[str, Command]) -> argparse.ArgumentParser:
+    """The CLI's parser, with the flags of the installed commands in `tools` (the others
+    are listed, their flags unknown: their modules are not imported)."""
+    plugins = installed()
+    none = () if plugins else (f"other commands: none installed ({_GET_TOOLS})",)
     parser = argparse.ArgumentParser(
         prog="specroute",
-        description=_wrap(DESCRIPTION),
-        epilog=epilog(
+        description=commands.wrap(DESCRIPTION),
+        epilog=commands.epilog(
             (
                 "specroute serve --emulate        # try it without a GPU",
                 "specroute serve --config config.toml",
                 "specroute COMMAND --help",
-            )
-        )
-        + f"\n\nspecroute {version()}",
+            ),
+            *none,
+            f"specroute {version()}",
+        ),
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"specroute {version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, environment: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    def add(name: str, *dests: str) -> argparse.ArgumentParser:
         spec = _COMMANDS[name]
-        return commands.add_parser(
-            name,
-            help=spec.help,
-            description=_wrap(spec.description),
-            epilog=epilog(spec.examples, environment),
-            formatter_class=HelpFormatter,
-        )
+        sections = (environment(dests),) if dests else ()
+        return subparsers.add_parser(name, help=spec.summary, **spec.options(*sections))
 
-    serve = add("serve", ("config", "host", "port", "log_level"))
+    serve = add("serve", "config", "host", "port", "log_level")
     serve.epilog = f"{serve.epilog}\n\nspecroute {version()}"
     _add_serve_arguments(serve)
-    _add_ext_proc_arguments(
-        add("ext-proc", ("config", "host", "port", "metrics_port", "log_level"))
-    )
-    _add_profile_arguments(add("profile", ("config",)))
+    _add_ext_proc_arguments(add("ext-proc", "config", "host", "port", "metrics_port", "log_level"))
+    _add_profile_arguments(add("profile", "config"))
     _add_config_command_arguments(add("config"))
-    commands.add_parser("emulate", help=_COMMANDS["emulate"].help, add_help=False)
-    for name in _TOOLS:
-        sub = add(name)
-        if name in tools:
-            tools[name].add_arguments(sub)
+    for name, entry in plugins.items():
+        tool = tools.get(name)
+        if tool is None:
+            dist = entry.dist.name if entry.dist else entry.value
+            subparsers.add_parser(name, help=f"(from {dist}: `specroute {name} --help`)")
+            continue
+        tool.add_arguments(
+            subparsers.add_parser(name, help=tool.HELP.summary, **tool.HELP.options())
+        )
+    if hasattr(tools.get("emulate"), "add_serve_arguments"):
+        cast(ServesEmulated, tools["emulate"]).add_serve_arguments(serve)
     return parser
 
 
@@ -410,23 +351,9 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--emulate",
         action="store_true",
-        help="start EMULATED vLLM backends in-process and serve in front of them: the "
-        "--config file's routes (each on emulated servers, on one emulated GPU or the "
-        "devices it names), else the speculative/baseline pair; needs specroute-tools",
-    )
-    serve.add_argument(
-        "--gpu-profile",
-        default=None,
-        metavar="PROFILE",
-        help="with --emulate: the measured GPU the EMULATED servers model, a shipped name or "
-        "a profile file from `specroute gpu build` (default: h200-llama3.1-8b)",
-    )
-    serve.add_argument(
-        "--drafter",
-        default="",
-        metavar="NAME",
-        help="with --emulate: the speculative server's drafter, one the profile measured "
-        "(default: its first)",
+        help="serve in front of EMULATED vLLM backends started in-process, by the installed "
+        "`emulate` command (specroute-tools): the --config file's routes, else the "
+        "speculative/baseline pair; `specroute serve --emulate --help` shows its flags",
     )
 
 
@@ -617,30 +544,11 @@ def _parse_backends(items: list[str]) -> dict[Route, str]:
     return parsed
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, tools: Mapping[str, Command]) -> int:
     from gateway.serve import run, serve
 
     if args.emulate:
-        try:
-            from tooling.local_stack import serve_emulated
-        except ModuleNotFoundError as exc:
-            return _tooling_missing("serve --emulate", exc)
-
-        if args.config is not None:  # the config's routes, each on emulated servers
-            return _serve_configured(args)
-        configure_logging(args.log_level or "info")
-        emulated = {"drafter": args.drafter}
-        if args.gpu_profile:
-            emulated["gpu_profile"] = args.gpu_profile
-        try:
-            host, port = args.host or "127.0.0.1", args.port or 8080
-            asyncio.run(serve_emulated(host, port, time_scale=1.0, **emulated))
-        except ValueError as exc:  # a GPU profile or drafter the emulator refuses
-            print(f"specroute serve --emulate: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    if args.gpu_profile or args.drafter:
-        raise ConfigError("--gpu-profile and --drafter go with --emulate")
+        return _serve_emulated(args, tools.get("emulate"))
     config_path = _config_path(args.config)
 
     def reread() -> Config:
@@ -662,19 +570,20 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_configured(args: argparse.Namespace) -> int:
-    """serve --emulate --config FILE: the file's routes on EMULATED servers, its [server]
-    and the flags as `serve` takes them (tooling/configured_stack.py)."""
-    from tooling.configured_stack import serve_configured
-
-    if args.drafter:
-        raise ConfigError("--drafter: with --config each route's method names its drafter")
-    config = resolve_config(args.config, args.host, args.port, [], log_level=args.log_level)
-    configure_logging(config.logging.level)
-    _check_listen(config.server.host, config.server.port)
-    options = {"gpu_profile": args.gpu_profile} if args.gpu_profile else {}
-    asyncio.run(serve_configured(config, config.server.host, config.server.port, **options))
-    return 0
+def _serve_emulated(args: argparse.Namespace, tool: Command | None) -> int:
+    """serve --emulate: the installed `emulate` command serves the gateway in front of
+    EMULATED servers; the --config file, if any, resolved here as `serve` resolves it."""
+    tool = tool or _load("emulate", "serve --emulate")  # --emul, abbreviated, loads it late
+    if tool is None:
+        return 2
+    config = None
+    if args.config is not None:  # the config's routes, each on emulated servers
+        config = resolve_config(args.config, args.host, args.port, [], log_level=args.log_level)
+        configure_logging(config.logging.level)
+        _check_listen(config.server.host, config.server.port)
+    else:
+        configure_logging(args.log_level or "info")
+    return cast(ServesEmulated, tool).serve_emulated(args, config)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@
   `python benchmarks/NAME.py` in a subprocess (tests/benchmarks/benchrun.py).
 - tooling/ (the specroute-tools distribution) imports neither.
 What both need lives in tooling/: tooling/sim/, tooling/chaos.py, tooling/envoy.py.
+- gateway/ and classifier/ (the specroute distribution) import no tooling, nor name a
+  module of it for importlib: the tools reach the CLI through the `specroute.commands`
+  entry points (gateway/commands.py), so the arrows go one way, tooling -> gateway.
 
 Every import is read from the source, at the top of a module or inside a function.
 """
@@ -92,6 +95,12 @@ def _offences_in(source: str, where: str, banned: set[str]) -> list[str]:
             for line, text in _strings(tree)
             if text == "tests" or text.startswith(("tests/", "tests."))
         ]
+    if "tooling" in banned:
+        out += [
+            f"{where}:{line} names a tooling module: {text!r}"
+            for line, text in _strings(tree)
+            if text.startswith("tooling.")
+        ]
     if "benchmarks" in banned:
         out += [
             f"{where}:{line} names a benchmark module: {text!r}"
@@ -118,6 +127,12 @@ def test_tooling_imports_neither_tests_nor_benchmarks() -> None:
     assert offences == [], "\n".join(offences)
 
 
+def test_the_gateway_imports_no_tooling() -> None:
+    sources = _sources(ROOT / "gateway") + _sources(ROOT / "classifier")
+    offences = [o for p in sources for o in _offences(p, {"tooling", "tests", "benchmarks"})]
+    assert offences == [], "\n".join(offences)
+
+
 def test_the_check_sees_what_it_must() -> None:
     """The shapes that were here before: a folder of tests/ on sys.path and a module
     of it imported by name, an import from tests/, and a test importing a benchmark."""
@@ -130,6 +145,10 @@ def test_the_check_sees_what_it_must() -> None:
     assert len(_offences_in(old, "old.py", {"tests"})) == 3
     test = "from benchmarks.overhead import pct\nimportlib.import_module('benchmarks.shadow')\n"
     assert len(_offences_in(test, "test_old.py", {"benchmarks"})) == 2
+    cli = (  # gateway/cli.py as it was: a module of the tools imported, and one by name
+        "from tooling.local_stack import serve_emulated\n_TOOLS = {'bench': 'tooling.bench.cli'}\n"
+    )
+    assert len(_offences_in(cli, "cli.py", {"tooling"})) == 2
     assert NOT_A_SUBJECT.search("review_defects") and NOT_A_SUBJECT.search("issue41")
     assert not NOT_A_SUBJECT.search("request_log")
 

@@ -32,11 +32,25 @@ from pathlib import Path
 from typing import Any
 
 from classifier.types import Route
+from gateway.commands import Help
 from gateway.shadow.results import SIDES, PairedTiming, PairSums, shadow_log_path
 from tooling.bench.advice import Facts, from_bench, from_outcomes, speedup_text
 from tooling.bench.intervals import Interval, conclusion, ratio_of_sums
 
 GIB = 1024**3
+
+
+HELP = Help(
+    "from a bench JSON or an outcome log: speculate or not, per workload, and why",
+    "Should this traffic be speculated? Per workload and overall: share of traffic, "
+    "measured acceptance, speedup with its interval, the prefill share, a verdict (or "
+    "INCONCLUSIVE), and what the draft costs in memory.",
+    (
+        "specroute advise bench.json",
+        "specroute advise /var/lib/specroute/outcomes.jsonl* --k 4",
+        "specroute advise bench.json --spec-url http://gpu:8001 --base-url http://gpu:8002",
+    ),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -23,12 +23,25 @@ from typing import Any, TextIO
 
 import aiohttp
 
+from gateway.commands import Help
 from tooling.bench import BenchOptions, run_bench
 from tooling.bench.targets import wait_for_profile
 from tooling.emulator.config import DEFAULT_GPU_PROFILE, add_gpu_arguments
 from tooling.emulator.costs import describe_gpu, gpu_name
 from tooling.local_stack import local_stack
 from tooling.workloads import MIXES
+
+HELP = Help(
+    "no-GPU demo: EMULATED backends, the gateway, a short mixed workload",
+    "Start two EMULATED vLLM servers and the gateway in one process, then bench the demo "
+    "mix through the baseline, the speculative server and the gateway: per workload what "
+    "each route gave, what the gateway chose, and its regret against the per-request "
+    "oracle. The figures are the emulator's modelled timing, not a GPU's.",
+    (
+        "specroute demo",
+        "specroute demo --warmup 8 --requests 12 --gpu-profile h200-qwen3-32b",
+    ),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

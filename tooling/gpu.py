@@ -17,12 +17,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway.commands import Help
 from tooling.emulator.gpu import build
 from tooling.emulator.gpu.profile import GpuProfile
 from tooling.emulator.gpu.shapes import NAMED, DrafterChoice, model_shape
 
 SCRIPT = Path(build.__file__).resolve().parent / "measured" / "measure_steps.py"
 PARTS = ("target", "draft", "pair", "extra")
+
+
+HELP = Help(
+    "measure your own GPU's step costs, build a profile the emulator runs (--gpu-profile)",
+    "`gpu measure` times your target's and drafters' steps on this CUDA machine (needs "
+    "only torch); `gpu build` turns the run into a profile file for --gpu-profile PATH in "
+    "emulate, demo, bench and serve --emulate. docs/own-gpu.md.",
+    (
+        "specroute gpu measure --model /models/Llama-3.1-8B-Instruct "
+        "--drafter draft=/models/Llama-3.2-1B-Instruct --drafter ngram --out run/",
+        "specroute gpu build run/steps.jsonl -o my-gpu.json   # then --gpu-profile my-gpu.json",
+    ),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

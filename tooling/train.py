@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from classifier.acceptance_model import AcceptanceRecord, fit_acceptance_model
+from gateway.commands import Help
 
 
 def records_from_outcome_log(paths: list[Path]) -> Iterator[AcceptanceRecord]:
@@ -47,6 +48,14 @@ def _row(line: str) -> dict[str, Any] | None:
         return None
     weight = outcome.get("completion_tokens") or 1  # long answers measure acceptance better
     return {**features, "acceptance": acceptance, "weight": weight}
+
+
+HELP = Help(
+    "fit the acceptance model from outcome logs (needs the `train` extra: scikit-learn)",
+    "Fit the offline acceptance model from the gateway's outcome log (its speculative "
+    "requests with a measured acceptance) and write it as JSON for routing.model_path.",
+    ("specroute train /var/lib/specroute/outcomes.jsonl* --out model.json",),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

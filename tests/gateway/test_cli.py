@@ -4,16 +4,19 @@ each flag's help and default), the environment variables, `specroute config`."""
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import importlib.metadata
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from classifier.types import Route
-from gateway import cli
+from gateway import cli, commands
 from gateway.backends.pool import url_label
 from gateway.cli import ENVIRONMENT, apply_environment, build_parser, main, resolve_config
 from gateway.config import Config
@@ -25,13 +28,17 @@ CONFIG = (
 )
 
 
+# What specroute-tools registers in the `specroute.commands` entry-point group.
+TOOLS = {"emulate", "demo", "bench", "advise", "train", "gpu"}
+
+
 def _commands() -> dict[str, argparse.ArgumentParser]:
-    """Every subcommand's parser, the tooling commands' flags loaded."""
-    tools = {name: importlib.import_module(spec.module) for name, spec in cli._TOOLS.items()}
+    """Every subcommand's parser, the installed commands' flags loaded, and `specroute
+    emulate` as tooling.emulator.main builds it on its own."""
+    tools = {name: commands.load(entry) for name, entry in cli.installed().items()}
     parser = build_parser(tools)
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    commands = {name: p for name, p in sub.choices.items() if name != "emulate"}
-    return {"specroute": parser, **commands, "emulate": build_emulate_parser()}
+    return {"specroute": parser, **sub.choices, "emulate (alone)": build_emulate_parser()}
 
 
 COMMANDS = _commands()
@@ -45,7 +52,10 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
 
 
 def test_every_command_is_listed() -> None:
-    assert set(COMMANDS) == {"specroute", *cli._COMMANDS}
+    """The gateway's own, and the tools' from their entry points (an editable install
+    made before an entry point was added lacks it: pip install -e ./tooling again)."""
+    assert set(cli.installed()) == TOOLS
+    assert set(COMMANDS) == {"specroute", "emulate (alone)", *cli._COMMANDS, *TOOLS}
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -54,7 +64,7 @@ def test_every_command_has_a_description_and_examples(name: str) -> None:
     assert parser.description and len(parser.description) > 40, name
     assert parser.epilog and parser.epilog.startswith("examples:\n"), name
     examples = [line.strip() for line in parser.epilog.split("\n\n")[0].splitlines()[1:]]
-    command = "specroute" if name == "specroute" else f"specroute {name}"
+    command = "specroute" if name == "specroute" else f"specroute {name.split()[0]}"
     assert 1 <= len(examples) <= 4 and all(e.startswith(command) for e in examples), examples
 
 
@@ -88,6 +98,102 @@ def test_serve_help_names_each_variable_and_the_version(
         assert out.count(var) == 2, var  # in the flag's help and in the list
     assert "a flag beats its variable, which beats config.toml" in out
     assert out.rstrip().endswith(f"specroute {cli.version()}")
+
+
+# ---- the commands of other distributions: entry points (gateway/commands.py) ----
+
+# Which tooling modules a fresh interpreter holds after `specroute ARGV`.
+_TOOLING_LOADED = (
+    "import sys, contextlib; from gateway.cli import main\n"
+    "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(None):\n"
+    "    main(sys.argv[1:])\n"
+    "print(sorted({m for m in sys.modules if m.split('.')[0] == 'tooling'}))"
+)
+
+
+def _tooling_loaded(*argv: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", _TOOLING_LOADED, *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    return set(ast.literal_eval(result.stdout.splitlines()[-1]))
+
+
+def test_the_gateway_imports_no_tool_and_a_tool_only_its_own_module() -> None:
+    assert _tooling_loaded("serve", "--help") == set()
+    assert _tooling_loaded("config", "--schema") == set()
+    loaded = _tooling_loaded("train", "--help")
+    assert "tooling.train" in loaded
+    others = {"tooling.demo", "tooling.advise", "tooling.gpu", "tooling.bench.cli"}
+    assert not loaded & (others | {"tooling.emulator.cli"}), loaded
+    assert "tooling.emulator.cli" in _tooling_loaded("serve", "--emulate", "--help")
+
+
+@pytest.fixture
+def hello(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A command another distribution registers: `specroute hello`, from a module of its own."""
+    (tmp_path / "hello_command.py").write_text(
+        "from gateway.commands import Help\n"
+        "HELP = Help('say hello', 'Say hello to someone, a command from elsewhere.',"
+        " ('specroute hello --to you',))\n"
+        "def add_arguments(p):\n"
+        "    p.add_argument('--to', default='world', help='whom')\n"
+        "def run(args, argv):\n"
+        "    print(f'hello {args.to}')\n"
+        "    return 7\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = importlib.metadata.EntryPoint("hello", "hello_command", commands.GROUP)
+    monkeypatch.setattr(commands, "installed", lambda: {"hello": entry})
+
+
+@pytest.mark.usefixtures("hello")
+def test_a_registered_command_is_listed_and_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hello", "--to", "you"]) == 7
+    assert capsys.readouterr().out == "hello you\n"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "hello     say hello" in out and "bench" not in out
+    with pytest.raises(SystemExit):
+        main(["hello", "--help"])
+    assert "specroute hello --to you" in capsys.readouterr().out
+
+
+def test_a_registered_module_that_is_no_command_is_named() -> None:
+    entry = importlib.metadata.EntryPoint("jsonish", "json", commands.GROUP)
+    with pytest.raises(TypeError, match="jsonish = json: not a command, it has no HELP"):
+        commands.load(entry)
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["bench", "--emulate"],
+            "specroute bench: not a command of the gateway (serve, ext-proc, profile, config), "
+            "and no other commands are installed; the tools' come with specroute-tools, "
+            "from a specroute checkout: pip install ./tooling",
+        ),
+        (
+            ["serve", "--emulate"],
+            "specroute serve --emulate: needs specroute-tools (the tooling package), which is "
+            "not installed; from a specroute checkout: pip install ./tooling",
+        ),
+    ],
+)
+def test_with_nothing_registered_one_line_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    monkeypatch.setattr(commands, "installed", dict)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "other commands: none installed (from a specroute checkout" in capsys.readouterr().out
 
 
 # ---- environment: a flag beats its variable, which beats config.toml ----

@@ -29,6 +29,7 @@ LAYERS = [
     ["app"],
     ["extproc"],
     ["serve"],
+    ["commands"],
     ["cli"],
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

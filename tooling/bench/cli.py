@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.commands import Help
 from gateway.config import ConfigError, normalize_backend_url
 from tooling.bench import BenchOptions, BenchOutcome, run_bench
 from tooling.bench.plan import builtin_names, is_file, parse_list
@@ -40,6 +41,20 @@ from tooling.datasets import require as require_dataset
 from tooling.emulator.config import DEFAULT_GPU_PROFILE, add_gpu_arguments
 from tooling.emulator.dynamic import Schedule, schedule_arg
 from tooling.local_stack import EmulatedRoute, pair_members
+
+HELP = Help(
+    "drive a workload at baseline, speculative and gateway side by side; table, JSON, PNG",
+    "Drive the same requests at every target and compare them paired: speedup over the "
+    "baseline, acceptance, the per-request oracle and the gateway's regret, each with "
+    "its 95% bootstrap interval.",
+    (
+        "specroute bench --emulate --concurrency 1,8 --json bench.json --plot bench.png",
+        "specroute bench --target baseline=http://gpu:8002 --target "
+        "speculative=http://gpu:8001 --target gateway=http://127.0.0.1:8080 --workload code",
+        "specroute bench --target gateway=http://127.0.0.1:8080 --target "
+        "baseline=http://gpu:8002 --workload requests.jsonl --replay-timing",
+    ),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,50 +1,63 @@
-"""`specroute emulate`: run one emulated vLLM server until interrupted."""
+"""`specroute emulate`: run one emulated vLLM server until interrupted; and what the
+command adds to `specroute serve --emulate`, the gateway in front of emulated servers.
+
+Registered in the `specroute.commands` entry-point group (tooling/pyproject.toml).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from gateway.commands import Help
+
 from .app import create_emulator_app
-from .config import EmulatorConfig, add_emulator_arguments, config_from_args
+from .config import EmulatorConfig, add_emulator_arguments, add_gpu_arguments, config_from_args
 from .costs import describe_gpu
 from .dynamic import to_json
 
-EXAMPLES = (
-    "specroute emulate --mode speculative --port 8001",
-    "specroute emulate --mode baseline --port 8002 --gpu-profile h200-qwen3-32b",
-    "specroute emulate --mode dynamic --num-speculative-tokens-per-batch-size "
-    "'[[1,4,4],[5,256,0]]'",
+if TYPE_CHECKING:
+    from gateway.config import Config
+
+HELP = Help(
+    "run one EMULATED vLLM server: vLLM's API and /metrics, modelled GPU timing",
+    "An EMULATED vLLM OpenAI server: vLLM's API and /metrics, modelled timing (no model "
+    "runs: text is modelled, step times from a measured GPU profile).",
+    (
+        "specroute emulate --mode speculative --port 8001",
+        "specroute emulate --mode baseline --port 8002 --gpu-profile h200-qwen3-32b",
+        "specroute emulate --mode dynamic --num-speculative-tokens-per-batch-size "
+        "'[[1,4,4],[5,256,0]]'",
+    ),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     """`specroute emulate`'s flags: one per EmulatorConfig field, each with its default."""
-    from gateway.cli import HelpFormatter, epilog
+    add_emulator_arguments(p)
 
-    parser = argparse.ArgumentParser(
-        prog="specroute emulate",
-        description="An EMULATED vLLM OpenAI server: vLLM's API and /metrics, modelled timing\n"
-        "(no model runs: text is modelled, step times from a measured GPU profile).",
-        epilog=epilog(EXAMPLES),
-        formatter_class=HelpFormatter,
-    )
-    add_emulator_arguments(parser)
+
+def build_parser() -> argparse.ArgumentParser:
+    """`specroute emulate` on its own (tooling.emulator.main)."""
+    parser = argparse.ArgumentParser(prog="specroute emulate", **HELP.options())
+    add_arguments(parser)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, say loudly that this is an emulation, serve until Ctrl-C."""
-    parser = build_parser()
-    ns = parser.parse_args(argv)
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """Say loudly that this is an emulation, serve until Ctrl-C."""
     try:
-        config = config_from_args(ns)
+        config = config_from_args(args)
     except ValueError as exc:
-        parser.error(str(exc))
+        print(f"specroute emulate: error: {exc}", file=sys.stderr)
+        return 2
     print(
         f"specroute emulate: EMULATED vLLM server, mode={config.mode}, model={config.model}, "
-        f"time_scale={config.time_scale}, on http://{ns.host}:{ns.port} "
+        f"time_scale={config.time_scale}, on http://{args.host}:{args.port} "
         f"(no model runs here: text is modelled, timing from the {describe_gpu(config)})",
         flush=True,
     )
@@ -54,12 +67,48 @@ def main(argv: list[str] | None = None) -> int:
     # went away, and so does the emulator, which needs the handler cancelled.
     web.run_app(
         create_emulator_app(config),
-        host=ns.host,
-        port=ns.port,
+        host=args.host,
+        port=args.port,
         handler_cancellation=True,
         print=lambda line: print(f"[EMULATED] {line}", flush=True),
     )
     return 0
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """`serve --emulate`'s own flags: the GPU the emulated servers model, their drafter."""
+    add_gpu_arguments(p)
+
+
+def serve_emulated(args: argparse.Namespace, config: Config | None) -> int:
+    """`serve --emulate`: the config's routes each on emulated servers
+    (tooling/configured_stack.py), else the speculative/baseline pair
+    (tooling/local_stack.py), until Ctrl-C. Their modules load the gateway's app, so
+    they are imported here, not by `specroute emulate`."""
+    from gateway.config import ConfigError
+    from tooling.configured_stack import serve_configured
+    from tooling.local_stack import serve_emulated as serve_pair
+
+    gpu = {"gpu_profile": args.gpu_profile} if getattr(args, "gpu_profile", "") else {}
+    drafter = getattr(args, "drafter", "")
+    if config is not None:
+        if drafter:
+            raise ConfigError("--drafter: with --config each route's method names its drafter")
+        server = config.server
+        asyncio.run(serve_configured(config, server.host, server.port, **gpu))
+        return 0
+    try:
+        host, port = args.host or "127.0.0.1", args.port or 8080
+        asyncio.run(serve_pair(host, port, time_scale=1.0, drafter=drafter, **gpu))
+    except ValueError as exc:  # a GPU profile or drafter the emulator refuses
+        print(f"specroute serve --emulate: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`specroute emulate` without the rest of the CLI: parse, then run."""
+    return run(build_parser().parse_args(argv), [] if argv is None else argv)
 
 
 def describe_dynamic(config: EmulatorConfig) -> str:
