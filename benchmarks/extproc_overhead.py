@@ -31,7 +31,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.overhead import free_port, latencies, pct, process  # noqa: E402
+from benchmarks.overhead import emulate, free_port, latencies, pct, process  # noqa: E402
 from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.envoy import (  # noqa: E402
     ADMIN,
@@ -135,16 +135,13 @@ async def main(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     up_port, gw_port, grpc_port, metrics_port, envoy_port = (free_port() for _ in range(5))
     upstream = f"http://127.0.0.1:{up_port}"
     backends = ["--backend", f"speculative={upstream}", "--backend", f"baseline={upstream}"]
-    emulate = [py, "-m", "gateway.cli", "emulate", "--mode", "baseline", "--port", str(up_port),
-               "--time-scale", "0.000001", "--max-num-seqs", "512",
-               "--model", "emulated-model"]  # fmt: skip
     serve = [py, "-m", "gateway.cli", "serve", "--port", str(gw_port)]
     picker = [py, "-m", "gateway.cli", "ext-proc", "--port", str(grpc_port),
               "--metrics-port", str(metrics_port), *backends]  # fmt: skip
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
     out: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp, process(emulate, cpu=0):
+    with tempfile.TemporaryDirectory() as tmp, process(emulate(up_port), cpu=0):
         await wait_healthy(upstream)
         out["direct"] = await measure(upstream, n1, nsat)
         for n in args.routes:

@@ -47,8 +47,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def process(args: list[str], cpu: int | None) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def process(
+    args: list[str], cpu: int | None, cwd: Path = ROOT
+) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if (
         cpu is not None
         and hasattr(os, "sched_setaffinity")
@@ -73,8 +75,11 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def latencies(url: str, n: int, concurrency: int) -> tuple[list[float], float]:
-    """Per-request seconds and requests/s, non-streamed, `concurrency` in flight."""
+async def latencies(
+    url: str, n: int, concurrency: int, body: dict[str, object] = CHAT
+) -> tuple[list[float], float]:
+    """Per-request seconds and requests/s, `concurrency` in flight (non-streamed chat
+    unless `body` says otherwise)."""
     out: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -85,7 +90,7 @@ async def latencies(url: str, n: int, concurrency: int) -> tuple[list[float], fl
             while remaining > 0:
                 remaining -= 1
                 t = time.perf_counter()
-                async with session.post(f"{url}/v1/chat/completions", json=CHAT) as resp:
+                async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
                     await resp.read()
                     assert resp.status == 200, resp.status
                 out.append(time.perf_counter() - t)
@@ -184,29 +189,31 @@ def decision_cost(samples: int) -> list[tuple[str, float, float]]:
     return rows
 
 
+def emulate(port: int, time_scale: str = "0.000001") -> list[str]:
+    """The EMULATED upstream's command: at the default time scale, about zero model time."""
+    return [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "emulate",
+        "--mode",
+        "baseline",
+        "--port",
+        str(port),
+        "--time-scale",
+        time_scale,
+        "--max-num-seqs",
+        "512",
+        "--model",
+        "emulated-model",
+    ]
+
+
 async def main(smoke: bool) -> dict[str, object]:
     n1, n64, sat, streams, tokens, rss_n = (
         (50, 256, 512, 4, 200, 2000) if smoke else (1000, 5000, 10000, 16, 2000, 100_000)
     )
     py = sys.executable
-
-    def emulate(port: int, time_scale: str) -> list[str]:
-        return [
-            py,
-            "-m",
-            "gateway.cli",
-            "emulate",
-            "--mode",
-            "baseline",
-            "--port",
-            str(port),
-            "--time-scale",
-            time_scale,
-            "--max-num-seqs",
-            "512",
-            "--model",
-            "emulated-model",
-        ]
 
     def serve(port: int, upstream: str) -> list[str]:
         return [

@@ -15,11 +15,14 @@ registered by `specroute ext-proc` only (ExtProcMetrics).
 from __future__ import annotations
 
 import importlib.metadata
+import json as stdlib_json
 import logging
 import platform
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
+import orjson
 import structlog
 from prometheus_client import (
     CollectorRegistry,
@@ -30,6 +33,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
 from classifier.profile import EngineProfile
@@ -65,6 +69,33 @@ class _Registry(CollectorRegistry):
             yield kept
 
 
+class _SeenLabels(MetricWrapperBase):
+    """labels() for a label set seen before is one dict look-up: prometheus_client's
+    checks the names, converts each value and takes a lock every time (a third of the
+    metrics' cost per request, at up to eight series a request). A new label set, or
+    values that are not strings, take prometheus_client's way."""
+
+    def labels(self, *labelvalues: object, **labelkwargs: object) -> Any:
+        if not labelkwargs:
+            seen: Any = labelvalues  # the str tuples it keeps; other values miss
+            child = self._metrics.get(seen)
+            if child is not None:
+                return child
+        return super().labels(*labelvalues, **labelkwargs)
+
+
+class _Counter(_SeenLabels, Counter):
+    pass
+
+
+class _Gauge(_SeenLabels, Gauge):
+    pass
+
+
+class _Histogram(_SeenLabels, Histogram):
+    pass
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("specroute")
@@ -81,33 +112,33 @@ class Metrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
-        self.build_info = Gauge(
+        self.build_info = _Gauge(
             "specroute_build_info",
             "Always 1: the specroute version and the Python it runs on.",
             ["version", "python"],
             registry=r,
         )
         self.build_info.labels(_version(), platform.python_version()).set(1)
-        self.requests = Counter(
+        self.requests = _Counter(
             "specroute_requests",
             "Requests answered, by route, workload and status class.",
             ["route", "workload", "status"],
             registry=r,
         )
-        self.decisions = Counter(
+        self.decisions = _Counter(
             "specroute_route_decisions",
             "Routing decisions, by route and reason.",
             ["route", "reason"],
             registry=r,
         )
-        self.duration = Histogram(
+        self.duration = _Histogram(
             "specroute_request_duration_seconds",
             "End-to-end request latency seen by the gateway.",
             ["route", "workload"],
             buckets=_E2E_BUCKETS,
             registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = _Histogram(
             "specroute_time_to_first_token_seconds",
             "Time to the first generated token; streamed answers only (a whole answer has no "
             "first token the gateway sees).",
@@ -115,7 +146,7 @@ class Metrics:
             buckets=_TTFT_BUCKETS,
             registry=r,
         )
-        self.tpot = Histogram(
+        self.tpot = _Histogram(
             "specroute_time_per_output_token_seconds",
             "Time per output token after the first; streamed answers only (it needs the first "
             "token's time).",
@@ -123,50 +154,50 @@ class Metrics:
             buckets=_TPOT_BUCKETS,
             registry=r,
         )
-        self.output_tokens = Counter(
+        self.output_tokens = _Counter(
             "specroute_output_tokens",
             "Completion tokens reported by the backends.",
             ["route", "workload"],
             registry=r,
         )
-        self.inflight = Gauge(
+        self.inflight = _Gauge(
             "specroute_inflight_requests",
             "Requests the gateway is forwarding now, by route.",
             ["route"],
             registry=r,
         )
-        self.prefill_pending = Gauge(
+        self.prefill_pending = _Gauge(
             "specroute_prefill_pending_tokens",
             "Prompt tokens of streams forwarded to a route with no first token back yet.",
             ["route"],
             registry=r,
         )
-        self.upstream_errors = Counter(
+        self.upstream_errors = _Counter(
             "specroute_upstream_errors",
             "Failures talking to a route's servers, by kind.",
             ["route", "kind"],
             registry=r,
         )
-        self.failovers = Counter(
+        self.failovers = _Counter(
             "specroute_failovers",
             "Requests answered by the other route than the one chosen, by from/to.",
             ["from_route", "to_route"],
             registry=r,
         )
-        self.backend_up = Gauge(
+        self.backend_up = _Gauge(
             "specroute_backend_up",
             "1 while any server of the route takes requests (specroute_endpoint_up per URL).",
             ["route"],
             registry=r,
         )
-        self.endpoint_up = Gauge(
+        self.endpoint_up = _Gauge(
             "specroute_endpoint_up",
             "1 while the server at url takes requests: its last /health answered 200 and it "
             "is not ejected; 0 while it is down, refused a connection or is ejected.",
             ["route", "url"],
             registry=r,
         )
-        self.endpoint_ejections = Counter(
+        self.endpoint_ejections = _Counter(
             "specroute_endpoint_ejections",
             "Times the server at url was taken out of rotation for failing requests in a row "
             "(upstream.eject_after_failures) for upstream.eject_s.",
@@ -174,7 +205,7 @@ class Metrics:
             registry=r,
         )
 
-        self.scrape_errors = Counter(
+        self.scrape_errors = _Counter(
             "specroute_scrape_errors",
             "Scrapes of the server at url's /metrics that failed, and figures of a scrape "
             "thrown away (then unknown), by kind: non_finite (NaN, Inf), negative, "
@@ -185,7 +216,7 @@ class Metrics:
             registry=r,
         )
 
-        self.acceptance = Histogram(
+        self.acceptance = _Histogram(
             "specroute_spec_acceptance_ratio",
             "Per-request accepted drafts per decode step / k on a speculative route, every "
             "step counted (a step yields 1 + k x this), by route, workload and source.",
@@ -193,14 +224,14 @@ class Metrics:
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
             registry=r,
         )
-        self.prediction_ratio = Histogram(
+        self.prediction_ratio = _Histogram(
             "specroute_latency_prediction_ratio",
             "Measured / predicted end-to-end latency of the route taken (1 = exact).",
             ["route"],
             buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4),
             registry=r,
         )
-        self.gpu_shared = Gauge(
+        self.gpu_shared = _Gauge(
             "specroute_gpu_shared",
             "Whether the router treats a pair's two servers as sharing one GPU: 1 yes, 0 a GPU "
             'each, NaN while it measures (shared_gpu = "auto") or for a policy without the '
@@ -208,88 +239,88 @@ class Metrics:
             ["pair"],
             registry=r,
         )
-        self.profile_step = Gauge(
+        self.profile_step = _Gauge(
             "specroute_profile_step_seconds",
             "The engine profile's decode step (speculative: draft + verify) by route and "
             "batch size, as measured by `specroute profile` or at start",
             ["route", "batch"],
             registry=r,
         )
-        self.profile_ttft = Gauge(
+        self.profile_ttft = _Gauge(
             "specroute_profile_ttft_seconds",
             "The engine profile's time to first token by route and prompt tokens",
             ["route", "prompt_tokens"],
             registry=r,
         )
-        self.profile_beside = Gauge(
+        self.profile_beside = _Gauge(
             "specroute_profile_beside_ratio",
             "The engine profile's step of a route while another server of its GPU is busy "
             "over its step alone, by route (about 1: a GPU each; about 2: one time-sliced GPU)",
             ["route"],
             registry=r,
         )
-        self.estimated_acceptance = Gauge(
+        self.estimated_acceptance = _Gauge(
             "specroute_estimated_acceptance_ratio",
             "The cost model's per-position draft acceptance estimate a, by speculative route "
             "and workload.",
             ["route", "workload"],
             registry=r,
         )
-        self.backend_running = Gauge(
+        self.backend_running = _Gauge(
             "specroute_backend_running",
             "Requests the route's servers report running (vllm:num_requests_running); NaN if "
             "unknown.",
             ["route"],
             registry=r,
         )
-        self.backend_waiting = Gauge(
+        self.backend_waiting = _Gauge(
             "specroute_backend_waiting",
             "Requests the route's servers report waiting (vllm:num_requests_waiting); NaN if "
             "unknown.",
             ["route"],
             registry=r,
         )
-        self.backend_kv_usage = Gauge(
+        self.backend_kv_usage = _Gauge(
             "specroute_backend_kv_cache_usage_ratio",
             "KV-cache usage 0..1 of the route's fullest server (vllm:kv_cache_usage_perc); NaN "
             "if unknown.",
             ["route"],
             registry=r,
         )
-        self.backend_acceptance = Gauge(
+        self.backend_acceptance = _Gauge(
             "specroute_backend_spec_acceptance_ratio",
             "Draft-token acceptance over the last scrape window with drafts (vLLM counters).",
             ["route"],
             registry=r,
         )
-        self.backend_acceptance_length = Gauge(
+        self.backend_acceptance_length = _Gauge(
             "specroute_backend_spec_mean_acceptance_length",
             "Tokens per verify step over the last scrape window with drafts (vLLM counters).",
             ["route"],
             registry=r,
         )
-        self.attributed_acceptance = Gauge(
+        self.attributed_acceptance = _Gauge(
             "specroute_attributed_acceptance_ratio",
             "Accepted/drafted tokens per workload, attributed from vLLM's spec_decode counters "
             "by decoding time, per speculative route; NaN until its standard error is below 0.03.",
             ["route", "workload"],
             registry=r,
         )
-        self.attributed_draft_tokens = Gauge(
+        self.attributed_draft_tokens = _Gauge(
             "specroute_attributed_draft_tokens",
             "Effective (decayed, other workloads' share removed) drafted tokens behind each "
             "workload's attributed acceptance, per speculative route.",
             ["route", "workload"],
             registry=r,
         )
-        self.attribution_windows = Counter(
+        self.attribution_windows = _Counter(
             "specroute_attribution_windows",
             "Scrape windows of the speculative counters, by outcome: attributed, or why not "
             "(reset, stale, foreign, unattributed, lost, no_drafts, invalid).",
             ["route", "outcome"],
             registry=r,
         )
-        self.acceptance_source = Gauge(
+        self.acceptance_source = _Gauge(
             "specroute_acceptance_source",
             "1 for the acceptance source in use for speculative answers: per_request_metrics, "
             "counter_attribution, stream_steps or unknown (no speculative answer yet).",
@@ -297,7 +328,7 @@ class Metrics:
             registry=r,
         )
         # Shadow copies (gateway/shadow/runner.py): never in the user metrics above.
-        self.shadow_requests = Counter(
+        self.shadow_requests = _Counter(
             "specroute_shadow_requests",
             "Shadow copies, by workload and outcome: completed, cancelled (a user request "
             "needed the GPU, a backend left rotation, a drain), skipped (never ran: no idle "
@@ -305,12 +336,12 @@ class Metrics:
             ["workload", "outcome"],
             registry=r,
         )
-        self.shadow_inflight = Gauge(
+        self.shadow_inflight = _Gauge(
             "specroute_shadow_inflight",
             "Shadow copies running now (at most shadow.max_inflight).",
             registry=r,
         )
-        self.shadow_seconds = Counter(
+        self.shadow_seconds = _Counter(
             "specroute_shadow_paired_seconds",
             "Sums of e2e seconds over comparable pairs (a user request that ran alone and its "
             "shadow copy), by workload and side: speculative, baseline, chosen (the user's "
@@ -319,14 +350,14 @@ class Metrics:
             ["workload", "side"],
             registry=r,
         )
-        self.shadow_speedup = Gauge(
+        self.shadow_speedup = _Gauge(
             "specroute_shadow_speedup",
             "Live paired speedup since start: baseline e2e / speculative e2e summed over "
             "comparable pairs; NaN before the first.",
             ["workload"],
             registry=r,
         )
-        self.shadow_regret = Gauge(
+        self.shadow_regret = _Gauge(
             "specroute_shadow_regret",
             "Live regret since start: the chosen route's e2e / the faster of the pair's, "
             "summed over comparable pairs (1 = every choice was the faster); NaN before the "
@@ -335,14 +366,14 @@ class Metrics:
             registry=r,
         )
         # The outcome log's writer (gateway/outcomes/outcome_log.py): never a silent loss.
-        self.outcome_log_write_failures = Counter(
+        self.outcome_log_write_failures = _Counter(
             "specroute_outcome_log_write_failures",
             "Writes, opens and rotations of the outcome log that failed (a full disk, a "
             "removed directory), by log: outcomes, or shadows (its sibling file).",
             ["log"],
             registry=r,
         )
-        self.outcome_log_dropped = Counter(
+        self.outcome_log_dropped = _Counter(
             "specroute_outcome_log_dropped",
             "Lines of the outcome log never written, by log and reason: queue_full (the "
             "writer fell behind), unserializable (nested past the recursion limit, a "
@@ -367,7 +398,7 @@ class ExtProcMetrics:
     ENDS = ("closed", "cancelled")
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.streams = Counter(
+        self.streams = _Counter(
             "specroute_extproc_streams",
             "Envoy's gRPC streams (one per request) that ended, by how: closed (Envoy "
             "half-closed it when the request ended, the client's leaving included), "
@@ -395,7 +426,7 @@ def configure_logging(level: str = "info", *, json: bool = True) -> None:
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(),
+        structlog.processors.JSONRenderer(_dumps) if json else structlog.dev.ConsoleRenderer(),
     ]
     _route_stdlib_logging()
     structlog.configure(
@@ -414,6 +445,20 @@ _METHOD_LEVELS = {
     "error": logging.ERROR,
     "exception": logging.ERROR,
 }
+
+
+def _dumps(event: dict[str, Any], default: Callable[[Any], Any]) -> str:
+    """A log line's JSON by orjson: the request's line was half the log line's CPU in
+    json.dumps (docs/benchmarks.md). What orjson refuses (an int past 64 bits) and a
+    line with non-ASCII text go through json.dumps as before."""
+    try:
+        line = orjson.dumps(event, default=default, option=orjson.OPT_NON_STR_KEYS)
+        if line.isascii():
+            return line.decode()
+    except orjson.JSONEncodeError:
+        pass
+    # json.dumps as before: non-ASCII as \u escapes, so no stderr's encoding can refuse it
+    return stdlib_json.dumps(event, default=default)
 
 
 def _drop_below_level(

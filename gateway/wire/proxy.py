@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 import structlog
 from aiohttp import web
 
@@ -267,11 +268,23 @@ async def _send_whole(
     request: web.Request, response: web.StreamResponse, payload: bytes, how: Relay
 ) -> None:
     timeout_s = how.bounds.send_timeout_s
+    if len(payload) <= _WHOLE_PIECE:  # one piece: one write, under one timeout
+        await _write(_send_one_piece(request, response, payload), timeout_s)
+        return
     await _write(response.prepare(request), timeout_s)
     view = memoryview(payload)
     for start in range(0, len(payload), _WHOLE_PIECE):
         await _write(response.write(view[start : start + _WHOLE_PIECE]), timeout_s)
     await _write(response.write_eof(), timeout_s)
+
+
+async def _send_one_piece(
+    request: web.Request, response: web.StreamResponse, payload: bytes
+) -> None:
+    """Headers, body and end in one call to the socket (the headers wait for the body:
+    _WholeResponse)."""
+    await response.prepare(request)
+    await response.write_eof(payload)
 
 
 async def _to_client(request: web.Request, meter: Meter, sending: Awaitable[None]) -> None:
@@ -430,9 +443,15 @@ def _fail(
 
 
 def loads_object(raw: bytes) -> dict[str, Any] | None:
-    """A JSON object from bytes, or None for anything else (broken JSON, a list)."""
+    """A JSON object from bytes, or None for anything else (broken JSON, a list).
+
+    orjson first (a whole answer's parse took a tenth of json's time); what it refuses
+    and json takes (NaN, Infinity, a lone surrogate) is json's, as before."""
     try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return None
     return value if isinstance(value, dict) else None

@@ -382,7 +382,11 @@ class Call:
 @contextlib.contextmanager
 def routed_call(tracing: Tracing | None, life: RequestLife, route: str, url: str) -> Iterator[Call]:
     """A routed request's call to `route`'s server at `url`: a CLIENT span named as
-    the inference, the meter's usage and answer on it at the end."""
+    the inference, the meter's usage and answer on it at the end. Off, no attribute
+    is built (it was a tenth of a millisecond per request, for nothing)."""
+    if not _on(tracing):
+        yield Call()
+        return
     attributes = {
         **request_attributes(life.endpoint, life.body),
         **_url_attributes("POST", url),
@@ -396,6 +400,9 @@ def routed_call(tracing: Tracing | None, life: RequestLife, route: str, url: str
 @contextlib.contextmanager
 def passthrough_call(tracing: Tracing | None, method: str, url: str, route: str) -> Iterator[Call]:
     """A passed-through request's call: a CLIENT span named by its method."""
+    if not _on(tracing):
+        yield Call()
+        return
     attributes = {**_url_attributes(method, url), "specroute.route": route}
     with _client_call(tracing, method, attributes, None) as call:
         yield call
