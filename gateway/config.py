@@ -393,17 +393,69 @@ _POSITIVE: dict[type[Any], tuple[str, ...]] = {
 }
 
 
+# Far above any file the gateway reads (config.toml, a state, a profile: kilobytes): a
+# path such as /dev/zero must not take the memory.
+MAX_FILE_BYTES = 64 * 1024 * 1024
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class Unreadable(Exception):
+    """Why a file was not read, in one line; `missing`: there is no such file."""
+
+    def __init__(self, why: str, *, missing: bool = False) -> None:
+        super().__init__(why)
+        self.missing = missing
+
+
+def not_regular(mode: int) -> str | None:
+    """Why a file of this mode is not read (or written) as a file, or None: it is one."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    return f"is {kind}, not a regular file"
+
+
+def read_regular(path: str | Path) -> bytes:
+    """The bytes of the regular file at `path`, else Unreadable. This module reads
+    config.toml with it and gateway/files.py every other file, so none waits: a FIFO
+    would block the open until a writer came, and a device (/dev/zero, a tty) never
+    ends. The path is stat-ed first, and opened with O_NONBLOCK, so that one swapped
+    in between still cannot block the open."""
+    try:
+        if why := not_regular(os.stat(path).st_mode):
+            raise Unreadable(why)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as fh:
+            if why := not_regular(os.fstat(fd).st_mode):  # swapped in since the stat
+                raise Unreadable(why)
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        why = f"cannot read: {exc.strerror or exc}"
+        raise Unreadable(why, missing=isinstance(exc, FileNotFoundError)) from None
+    except ValueError:  # os.stat refuses a NUL byte before asking the system
+        raise Unreadable("a path cannot hold a NUL byte") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise Unreadable(f"larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
 class _Reported(Exception):
     """A table below failed; its problems are already in the list."""
 
 
 def load_config(path: str | Path) -> Config:
-    """Read and validate a config file."""
+    """Read and validate a config file (--config, SPECROUTE_CONFIG, SIGHUP's re-read):
+    a path that is no regular file is one line at once (read_regular)."""
     try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
+        raw = tomllib.loads(read_regular(path).decode())
+    except Unreadable as exc:
+        raise ConfigError(f"config: --config: {path}: {exc}") from None
     except (ValueError, RecursionError) as exc:
         # TOMLDecodeError, and what tomllib lets out: bytes that are not UTF-8, an
         # integer of over 4,300 digits, arrays nested thousands deep

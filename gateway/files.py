@@ -7,10 +7,9 @@ UTF-8 or JSON, JSON of another shape, a number out of range). Parsers are pure
 functions of the bytes, so whatever one raises is said of the content; no content
 escapes as a traceback.
 
-Only regular files are read: a FIFO would block the open until a writer came, and a
-device (/dev/zero, a tty) never ends. The path is stat-ed before it is opened, and
-opened with O_NONBLOCK, so that one swapped in between still cannot block the open.
-An async caller reads through `off_loop`, so even a slow disk never stalls /health.
+Only regular files are read, never waited on, and never past a bound
+(gateway/config.py's read_regular, which reads config.toml too). An async caller
+reads through `off_loop`, so even a slow disk never stalls /health.
 
 What a refusal means depends on whose file it is:
 
@@ -27,29 +26,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
-import stat
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 import structlog
 
-from gateway.config import ConfigError
+from gateway.config import ConfigError, Unreadable, not_regular, read_regular
 
 log = structlog.get_logger("specroute.files")
 
 T = TypeVar("T")
-# Far above any file the gateway writes or reads (a state or a profile: kilobytes); a
-# path such as /dev/zero must not take the memory.
-MAX_BYTES = 64 * 1024 * 1024
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
+__all__ = ["FileUnusable", "not_regular", "off_loop", "read_file", "read_optional"]
 
 
 class FileUnusable(ConfigError):
@@ -58,14 +46,6 @@ class FileUnusable(ConfigError):
     def __init__(self, key: str, path: str, why: str, *, missing: bool = False) -> None:
         super().__init__(f"config: {key}: {path}: {why}")
         self.key, self.path, self.why, self.missing = key, path, why, missing
-
-
-def not_regular(mode: int) -> str | None:
-    """Why a file of this mode is not read (or written) as a file, or None: it is one."""
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-    return f"is {kind}, not a regular file"
 
 
 def read_file(key: str, path: str, parse: Callable[[bytes], T]) -> T:
@@ -122,16 +102,6 @@ def _set_exception(done: asyncio.Future[T], exc: BaseException) -> None:
 
 def _read_bytes(key: str, path: str) -> bytes:
     try:
-        if why := not_regular(os.stat(path).st_mode):
-            raise FileUnusable(key, path, why)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with open(fd, "rb") as fh:
-            if why := not_regular(os.fstat(fd).st_mode):  # swapped in since the stat
-                raise FileUnusable(key, path, why)
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        why = f"cannot read: {exc.strerror or exc}"
-        raise FileUnusable(key, path, why, missing=isinstance(exc, FileNotFoundError)) from None
-    if len(data) > MAX_BYTES:
-        raise FileUnusable(key, path, f"larger than {MAX_BYTES} bytes")
-    return data
+        return read_regular(path)
+    except Unreadable as exc:
+        raise FileUnusable(key, path, str(exc), missing=exc.missing) from None

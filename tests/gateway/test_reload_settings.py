@@ -269,41 +269,32 @@ def _reloads(logs: list[MutableMapping[str, Any]]) -> list[MutableMapping[str, A
     return [e for e in logs if e["event"].startswith("config_reload")]
 
 
-async def test_sighup_with_a_fifo_for_the_keys_file_keeps_health_answering(
-    tmp_path: Path, spec_server: TestServer, base_server: TestServer, unused_tcp_port: int
+@pytest.mark.parametrize(
+    ("name", "key"), [("keys", "auth.api_keys_file"), ("config.toml", "--config")]
+)
+async def test_sighup_with_a_fifo_for_its_file_is_refused_at_once(
+    tmp_path: Path,
+    spec_server: TestServer,
+    base_server: TestServer,
+    unused_tcp_port: int,
+    name: str,
+    key: str,
 ) -> None:
     """The reload read the keys file on the event loop: a FIFO there held /health (and
-    every request) until a writer came. Now it is refused at once, in one line."""
+    every request) until a writer came. config.toml itself a FIFO was waited on off the
+    loop, one more thread for each SIGHUP. Now either is refused at once, in one line."""
     async with serving(tmp_path, spec_server, base_server, unused_tcp_port) as (session, url, keys):
-        keys.unlink()
-        with capture_logs() as logs, fifo_released_after(keys, b"new-key\n"):
+        keys.write_text("new-key\n")  # what a late read would swap in
+        path = tmp_path / name
+        content = path.read_bytes()
+        path.unlink()
+        with capture_logs() as logs, fifo_released_after(path, content):
             os.kill(os.getpid(), signal.SIGHUP)
             await _health_at_once(session, url)
             await wait_until(lambda: bool(_reloads(logs)), "the reload", timeout_s=RELEASE_S / 2)
         (line,) = _reloads(logs)
         assert line["event"] == "config_reload_rejected"
-        assert line["error"] == f"config: auth.api_keys_file: {keys}: is a FIFO, not a regular file"
+        assert line["error"] == f"config: {key}: {path}: is a FIFO, not a regular file"
         headers = {"Authorization": "Bearer old-key"}
         async with session.get(f"{url}/stats", headers=headers) as kept:
             assert kept.status == 200  # the running keys stay
-
-
-async def test_a_reload_that_waits_on_its_file_waits_off_the_event_loop(
-    tmp_path: Path, spec_server: TestServer, base_server: TestServer, unused_tcp_port: int
-) -> None:
-    """config.toml itself a FIFO (its reader is config.py's own): the reload waits for the
-    writer on a thread of its own, /health answers meanwhile, then the reload applies."""
-    async with serving(tmp_path, spec_server, base_server, unused_tcp_port) as (session, url, keys):
-        config = tmp_path / "config.toml"
-        text = config.read_bytes()
-        config.unlink()
-        keys.write_text("new-key\n")
-        with capture_logs() as logs, fifo_released_after(config, text, after_s=1.0):
-            os.kill(os.getpid(), signal.SIGHUP)
-            await _health_at_once(session, url)
-            assert not _reloads(logs)  # still waiting for its writer
-            await wait_until(lambda: bool(_reloads(logs)), "the reload", timeout_s=5)
-        assert [e["event"] for e in _reloads(logs)] == ["config_reloaded"]
-        headers = {"Authorization": "Bearer new-key"}
-        async with session.get(f"{url}/stats", headers=headers) as rotated:
-            assert rotated.status == 200
