@@ -128,8 +128,8 @@ def test_the_gateway_imports_no_tool_and_a_tool_only_its_own_module() -> None:
     loaded = _tooling_loaded("train", "--help")
     assert "tooling.train" in loaded
     others = {"tooling.demo", "tooling.advise", "tooling.gpu", "tooling.bench.cli"}
-    assert not loaded & (others | {"tooling.emulator.cli"}), loaded
-    assert "tooling.emulator.cli" in _tooling_loaded("serve", "--emulate", "--help")
+    assert not loaded & (others | {"tooling.emulate", "tooling.emulator.cli"}), loaded
+    assert "tooling.emulate" in _tooling_loaded("serve", "--emulate", "--help")
 
 
 @pytest.fixture

@@ -1,27 +1,19 @@
-"""`specroute emulate`: run one emulated vLLM server until interrupted; and what the
-command adds to `specroute serve --emulate`, the gateway in front of emulated servers.
-
-Registered in the `specroute.commands` entry-point group (tooling/pyproject.toml).
-"""
+"""`specroute emulate`: run one emulated vLLM server until interrupted (registered as
+the command by tooling/emulate.py)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway.commands import Help
 
 from .app import create_emulator_app
-from .config import EmulatorConfig, add_emulator_arguments, add_gpu_arguments, config_from_args
+from .config import EmulatorConfig, add_emulator_arguments, config_from_args
 from .costs import describe_gpu
 from .dynamic import to_json
-
-if TYPE_CHECKING:
-    from gateway.config import Config
 
 HELP = Help(
     "run one EMULATED vLLM server: vLLM's API and /metrics, modelled GPU timing",
@@ -72,37 +64,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         handler_cancellation=True,
         print=lambda line: print(f"[EMULATED] {line}", flush=True),
     )
-    return 0
-
-
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """`serve --emulate`'s own flags: the GPU the emulated servers model, their drafter."""
-    add_gpu_arguments(p)
-
-
-def serve_emulated(args: argparse.Namespace, config: Config | None) -> int:
-    """`serve --emulate`: the config's routes each on emulated servers
-    (tooling/configured_stack.py), else the speculative/baseline pair
-    (tooling/local_stack.py), until Ctrl-C. Their modules load the gateway's app, so
-    they are imported here, not by `specroute emulate`."""
-    from gateway.config import ConfigError
-    from tooling.configured_stack import serve_configured
-    from tooling.local_stack import serve_emulated as serve_pair
-
-    gpu = {"gpu_profile": args.gpu_profile} if getattr(args, "gpu_profile", "") else {}
-    drafter = getattr(args, "drafter", "")
-    if config is not None:
-        if drafter:
-            raise ConfigError("--drafter: with --config each route's method names its drafter")
-        server = config.server
-        asyncio.run(serve_configured(config, server.host, server.port, **gpu))
-        return 0
-    try:
-        host, port = args.host or "127.0.0.1", args.port or 8080
-        asyncio.run(serve_pair(host, port, time_scale=1.0, drafter=drafter, **gpu))
-    except ValueError as exc:  # a GPU profile or drafter the emulator refuses
-        print(f"specroute serve --emulate: {exc}", file=sys.stderr)
-        return 2
     return 0
 
 
