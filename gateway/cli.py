@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import importlib.metadata
 import json
@@ -160,16 +159,6 @@ def _load(name: str, label: str) -> Command | None:
         return None
 
 
-def _importable() -> dict[str, Command]:
-    """Every installed command that imports, for `specroute --help`'s list; the others are
-    listed by name."""
-    tools = {}
-    for name, entry in installed().items():
-        with contextlib.suppress(ImportError, TypeError):
-            tools[name] = commands.load(entry)
-    return tools
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     name = argv[0] if argv else ""
@@ -180,8 +169,6 @@ def main(argv: list[str] | None = None) -> int:
         if tool is None:
             return 2
         tools[wanted] = tool
-    elif name in ("-h", "--help"):
-        tools = _importable()
     elif name and name[0] != "-" and name not in _COMMANDS and not installed():
         print(
             f"specroute {name}: not a command of the gateway ({', '.join(_COMMANDS)}), and "
@@ -215,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser(tools: Mapping[str, Command]) -> argparse.ArgumentParser:
     """The CLI's parser, with the flags of the installed commands in `tools` (the others
-    are listed, their flags unknown: their modules are not imported)."""
+    are listed by name and distribution, their flags unknown: their modules are not
+    imported, not even for `specroute --help`)."""
     plugins = installed()
     none = () if plugins else (f"other commands: none installed ({_GET_TOOLS})",)
     parser = argparse.ArgumentParser(
@@ -249,8 +237,8 @@ def build_parser(tools: Mapping[str, Command]) -> argparse.ArgumentParser:
     for name, entry in plugins.items():
         tool = tools.get(name)
         if tool is None:
-            dist = entry.dist.name if entry.dist else entry.value
-            subparsers.add_parser(name, help=f"(from {dist}: `specroute {name} --help`)")
+            dist = entry.dist.name if entry.dist else entry.value  # listed, not imported
+            subparsers.add_parser(name, help=f"from {dist}")
             continue
         tool.add_arguments(
             subparsers.add_parser(name, help=tool.HELP.summary, **tool.HELP.options())
