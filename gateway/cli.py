@@ -58,6 +58,7 @@ ENVIRONMENT = {
 _LEVELS = ("debug", "info", "warning", "error")
 _EXT_PROC_PORTS = {"port": 9002, "metrics_port": 9003}
 _GET_TOOLS = "from a specroute checkout: pip install ./tooling"
+Plugins = Mapping[str, importlib.metadata.EntryPoint]  # the installed commands, by name
 
 _COMMANDS = {
     "serve": Help(
@@ -145,10 +146,10 @@ def _tooling_missing(command: str, exc: ModuleNotFoundError) -> int:
     return _needs_tools(command)
 
 
-def _load(name: str, label: str) -> Command | None:
+def _load(name: str, label: str, plugins: Plugins) -> Command | None:
     """The installed command `name`, imported; None, and why on stderr, where it is not
     installed or its package cannot be imported."""
-    entry = installed().get(name)
+    entry = plugins.get(name)
     if entry is None:
         _needs_tools(label)
         return None
@@ -162,26 +163,27 @@ def _load(name: str, label: str) -> Command | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     name = argv[0] if argv else ""
+    plugins = installed()  # read once: each read scans every distribution's metadata
     tools: dict[str, Command] = {}
-    if name in installed() or (name == "serve" and "--emulate" in argv[1:]):
+    if name in plugins or (name == "serve" and "--emulate" in argv[1:]):
         wanted = "emulate" if name == "serve" else name  # serve --emulate: its flags too
-        tool = _load(wanted, "serve --emulate" if name == "serve" else name)
+        tool = _load(wanted, "serve --emulate" if name == "serve" else name, plugins)
         if tool is None:
             return 2
         tools[wanted] = tool
-    elif name and name[0] != "-" and name not in _COMMANDS and not installed():
+    elif name and name[0] != "-" and name not in _COMMANDS and not plugins:
         print(
             f"specroute {name}: not a command of the gateway ({', '.join(_COMMANDS)}), and "
             f"no other commands are installed; the tools' come with specroute-tools, {_GET_TOOLS}",
             file=sys.stderr,
         )
         return 2
-    parser = build_parser(tools)
+    parser = build_parser(tools, plugins)
     args = parser.parse_args(argv)
     try:
         apply_environment(args)
         if args.command == "serve":
-            return _serve(args, tools)
+            return _serve(args, tools, plugins)
         if args.command == "ext-proc":
             return _ext_proc(args)
         if args.command == "profile":
@@ -200,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def build_parser(tools: Mapping[str, Command]) -> argparse.ArgumentParser:
+def build_parser(
+    tools: Mapping[str, Command], plugins: Plugins | None = None
+) -> argparse.ArgumentParser:
     """The CLI's parser, with the flags of the installed commands in `tools` (the others
-    are listed by name and distribution, their flags unknown: their modules are not
-    imported, not even for `specroute --help`)."""
-    plugins = installed()
+    of `plugins`, default installed(), are listed by name and distribution, their flags
+    unknown: their modules are not imported, not even for `specroute --help`)."""
+    plugins = installed() if plugins is None else plugins
     none = () if plugins else (f"other commands: none installed ({_GET_TOOLS})",)
     parser = argparse.ArgumentParser(
         prog="specroute",
@@ -532,11 +536,12 @@ def _parse_backends(items: list[str]) -> dict[Route, str]:
     return parsed
 
 
-def _serve(args: argparse.Namespace, tools: Mapping[str, Command]) -> int:
+def _serve(args: argparse.Namespace, tools: Mapping[str, Command], plugins: Plugins) -> int:
     from gateway.serve import run, serve
 
-    if args.emulate:
-        return _serve_emulated(args, tools.get("emulate"))
+    if args.emulate:  # --emul, abbreviated, is seen only now: its command loaded late
+        tool = tools.get("emulate") or _load("emulate", "serve --emulate", plugins)
+        return 2 if tool is None else _serve_emulated(args, cast(ServesEmulated, tool))
     config_path = _config_path(args.config)
 
     def reread() -> Config:
@@ -558,12 +563,9 @@ def _serve(args: argparse.Namespace, tools: Mapping[str, Command]) -> int:
     return 0
 
 
-def _serve_emulated(args: argparse.Namespace, tool: Command | None) -> int:
+def _serve_emulated(args: argparse.Namespace, tool: ServesEmulated) -> int:
     """serve --emulate: the installed `emulate` command serves the gateway in front of
     EMULATED servers; the --config file, if any, resolved here as `serve` resolves it."""
-    tool = tool or _load("emulate", "serve --emulate")  # --emul, abbreviated, loads it late
-    if tool is None:
-        return 2
     config = None
     if args.config is not None:  # the config's routes, each on emulated servers
         config = resolve_config(args.config, args.host, args.port, [], log_level=args.log_level)
@@ -571,7 +573,7 @@ def _serve_emulated(args: argparse.Namespace, tool: Command | None) -> int:
         _check_listen(config.server.host, config.server.port)
     else:
         configure_logging(args.log_level or "info")
-    return cast(ServesEmulated, tool).serve_emulated(args, config)
+    return tool.serve_emulated(args, config)
 
 
 if __name__ == "__main__":
