@@ -455,9 +455,11 @@ class BackendPool:
         """Probe every endpoint's /health now, and read the models of those that answer
         (gateway/backends/models.py); True if any backend is healthy."""
         pairs = [(b, u) for b in self for u in b.upstreams]
-        results = await asyncio.gather(*(_probe(session, b, u, timeout_s) for b, u in pairs))
+        results = await asyncio.gather(*(_contained(session, b, u, timeout_s) for b, u in pairs))
         now = time.monotonic()
         for (backend, upstream), ok in zip(pairs, results, strict=True):
+            if ok is None:
+                continue  # its probe raised: no news of it, and the others' answers count
             upstream.reachable = ok
             if ok and upstream.ejected_until > now and self._healthy_count() > 0:
                 ok = False  # still serving its ejection, and someone else can answer
@@ -583,6 +585,18 @@ class BackendPool:
                 await asyncio.sleep(interval_s)
 
         await supervised(loop, interval_s, task="health_prober")
+
+
+async def _contained(
+    session: aiohttp.ClientSession, backend: Backend, upstream: Upstream, timeout_s: float
+) -> bool | None:
+    """_probe's answer, or None when it raised (logged): one endpoint whose answer
+    breaks the probe leaves every other endpoint's health current."""
+    try:
+        return await _probe(session, backend, upstream, timeout_s)
+    except Exception:
+        log.exception("health_probe_failed", route=backend.route.value, url=url_label(upstream.url))
+        return None
 
 
 async def _probe(
