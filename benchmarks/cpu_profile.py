@@ -23,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -30,13 +33,17 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.extproc_overhead import cpu_s, environ, otlp_sink, routes_config  # noqa: E402
+from benchmarks.extproc_overhead import _TICKS, environ, otlp_sink, routes_config  # noqa: E402
 from benchmarks.overhead import CHAT, emulate, free_port, latencies, process  # noqa: E402
 from tooling.bench.targets import wait_for_profile  # noqa: E402
 from tooling.local_stack import wait_healthy  # noqa: E402
 
 # (stage, what a frame's text holds), tried on each frame from the deepest up.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "background: scrapes, health probes",
+        ("gateway/backends/scraper.py", "scrape_all ", "_scrape ", "probe_all ", "_probe "),
+    ),
     ("tracing: spans and context", ("gateway/wire/tracing.py", "opentelemetry/")),
     ("log line", ("log_request ", "structlog/")),
     ("metrics", ("count_request ", "prometheus_client/")),
@@ -57,6 +64,10 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "steer_to_model ",
             "live_state ",
             "decide ",
+            "Pair.state ",
+            "Backend.state ",
+            "endpoints_state ",
+            "choose_pair ",
         ),
     ),
     ("features and tokenization", ("classifier/features.py", "classifier/tokens.py", "tiktoken")),
@@ -86,15 +97,15 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 LOOP = "event loop, HTTP server and client protocols"
-EXPORTER = "tracing: the exporter's thread"
-OTHER_THREADS = "other threads"
+OTHER_THREADS = "other threads (tracing: the exporter's)"
+STAGE_ORDER = [stage for stage, _ in STAGES] + [LOOP]
 
 
 def stage_of(stack: str) -> str:
     """The stage of one sample: `stack` is py-spy's raw line, root first, frames `;`-joined."""
     frames = stack.split(";")
-    if frames[0].startswith("_bootstrap ") or "threading.py" in frames[0]:
-        return EXPORTER if any("opentelemetry/" in f for f in frames) else OTHER_THREADS
+    if "threading.py" in frames[0]:  # py-spy samples every thread; the table has them apart
+        return OTHER_THREADS
     for frame in reversed(frames):
         for stage, marks in STAGES:
             if any(mark in frame for mark in marks):
@@ -112,12 +123,36 @@ def shares(raw: str) -> Counter[str]:
     return out
 
 
-async def run(args: argparse.Namespace) -> tuple[Counter[str], float, float]:
-    """Samples per stage, CPU ms per request and req/s, over one profiled run."""
+@dataclass
+class Profile:
+    """One profiled run: samples per stage, and the gateway's CPU per request (ms) in
+    the thread the samples are of and in its other threads (the exporter's)."""
+
+    samples: Counter[str]
+    cpu_ms: float
+    other_threads_ms: float
+    rps: float
+
+
+def thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of a process's main thread and of its other threads (Linux /proc)."""
+    main = others = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        used = (int(fields[11]) + int(fields[12])) / _TICKS
+        if task.name == str(pid):
+            main = used
+        else:
+            others += used
+    return main, others
+
+
+async def run(args: argparse.Namespace) -> Profile:
+    """Samples per stage, CPU per request and req/s, over one profiled run."""
     py, tree = sys.executable, args.tree.resolve()
     up_port, gw_port = free_port(), free_port()
     upstream, gateway = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
-    serve = [py, "-m", "gateway.cli", "serve", "--port", str(gw_port)]
+    serve = ["gateway.cli", "serve", "--port", str(gw_port)]
     if args.routes == 2:
         serve += ["--backend", f"speculative={upstream}", "--backend", f"baseline={upstream}"]
     if hasattr(os, "sched_setaffinity"):
@@ -126,38 +161,56 @@ async def run(args: argparse.Namespace) -> tuple[Counter[str], float, float]:
         if args.routes != 2:
             serve += ["--config", str(routes_config(args.routes, upstream, Path(tmp) / "r.toml"))]
         out = args.raw or Path(tmp) / "stacks.txt"
+        out.unlink(missing_ok=True)
+        if args.py_spy:
+            argv = [py, "-m", *serve]
+        else:
+            argv = [py, str(ROOT / "benchmarks" / "cpu_sampler.py"), str(out), "0.001", *serve]
         with process(emulate(up_port), cpu=0):
             await wait_healthy(upstream)
             async with otlp_sink() as sink:
                 env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink} if args.tracing else {}
-                with environ(**env), process(serve, cpu=1, cwd=tree) as gw:
+                with environ(**env), process(argv, cpu=1, cwd=tree) as gw:
                     await wait_healthy(gateway, timeout_s=120)
                     await wait_for_profile(
                         aiohttp.ClientSession, gateway, sys.stderr, timeout_s=600
                     )
                     await latencies(gateway, 300, 8, body=_body(args))  # warm
-                    spy = await asyncio.create_subprocess_exec(
-                        str(Path(py).with_name("py-spy")),
-                        "record",
-                        "--pid",
-                        str(gw.pid),
-                        "--format",
-                        "raw",
-                        "--rate",
-                        str(args.rate),
-                        "--nonblocking",
-                        "-o",
-                        str(out),
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
-                    await asyncio.sleep(1.0)  # py-spy attached
-                    before = cpu_s([gw.pid])
-                    _, rps = await latencies(gateway, args.n, 32, body=_body(args))
-                    used = cpu_s([gw.pid]) - before
-                    spy.send_signal(signal.SIGINT)
-                    await asyncio.wait_for(spy.wait(), 60)
-        return shares(out.read_text()), used / args.n * 1e3, rps
+                    async with _sampling(gw.pid, out, args):
+                        before = thread_cpu_s(gw.pid)
+                        _, rps = await latencies(gateway, args.n, 32, body=_body(args))
+                        after = thread_cpu_s(gw.pid)
+        main, others = ((a - b) / args.n * 1e3 for a, b in zip(after, before, strict=True))
+        return Profile(shares(out.read_text()), main, others, rps)
+
+
+def _written(out: Path) -> bool:
+    return out.exists() and out.stat().st_size > 0
+
+
+@asynccontextmanager
+async def _sampling(pid: int, out: Path, args: argparse.Namespace) -> AsyncIterator[None]:
+    """Samples taken while the body runs: py-spy attached, or the CPU sampler told."""
+    if not args.py_spy:
+        os.kill(pid, signal.SIGUSR1)
+        yield
+        os.kill(pid, signal.SIGUSR2)
+        for _ in range(100):  # it writes the file at its next bytecode
+            if _written(out):
+                return
+            await asyncio.sleep(0.05)
+        return
+    spy = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("py-spy")),
+        *("record", "--pid", str(pid), "--format", "raw", "--rate", "500", "--nonblocking"),
+        *("-o", str(out)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    await asyncio.sleep(1.0)  # attached
+    yield
+    spy.send_signal(signal.SIGINT)
+    await asyncio.wait_for(spy.wait(), 60)
 
 
 def _body(args: argparse.Namespace) -> dict[str, object]:
@@ -166,14 +219,16 @@ def _body(args: argparse.Namespace) -> dict[str, object]:
     return {**CHAT, "max_tokens": 32, "stream": True}
 
 
-def table(samples: Counter[str], cpu_ms: float) -> list[str]:
+def table(profile: Profile) -> list[str]:
+    """Each stage's share of the CPU per request and its microseconds: the main thread's
+    samples times its CPU; the other threads' CPU (the exporter's, tracing on) as one row."""
+    samples, whole = profile.samples, profile.cpu_ms + profile.other_threads_ms
     total = sum(samples.values()) or 1
-    order = [stage for stage, _ in STAGES] + [LOOP, EXPORTER, OTHER_THREADS]
+    us = {stage: samples.get(stage, 0) / total * profile.cpu_ms * 1e3 for stage in STAGE_ORDER}
+    us[OTHER_THREADS] = profile.other_threads_ms * 1e3
     rows = ["| stage | share | us/request |", "|---|---|---|"]
-    for stage in order:
-        share = samples.get(stage, 0) / total
-        rows.append(f"| {stage} | {share:.0%} | {share * cpu_ms * 1e3:,.0f} |")
-    rows.append(f"| **CPU per request** | | **{cpu_ms * 1e3:,.0f}** |")
+    rows += [f"| {stage} | {us[stage] / (whole * 1e3):.0%} | {us[stage]:,.0f} |" for stage in us]
+    rows.append(f"| **CPU per request** | | **{whole * 1e3:,.0f}** |")
     return rows
 
 
@@ -183,12 +238,20 @@ if __name__ == "__main__":
     )
     parser.add_argument("--n", type=int, default=3000, help="requests profiled at c=32")
     parser.add_argument("--routes", type=int, default=2, help="routes, all on the one upstream")
-    parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
+    parser.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="sample with py-spy (wall time of a runnable thread) instead",
+    )
     parser.add_argument("--tracing", action="store_true", help="OTLP spans to a local sink")
     parser.add_argument("--stream", action="store_true", help="streamed chat, 32 tokens")
     parser.add_argument("--tree", type=Path, default=ROOT, help="run this checkout's gateway")
     parser.add_argument("--raw", type=Path, help="keep py-spy's raw stacks here")
     args = parser.parse_args()
-    samples, cpu_ms, rps = asyncio.run(run(args))
-    print("\n".join(table(samples, cpu_ms)))
-    print(f"{sum(samples.values())} samples, {rps:.0f} req/s at c=32, load {os.getloadavg()}")
+    profile = asyncio.run(run(args))
+    print("\n".join(table(profile)))
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"{sum(profile.samples.values())} samples, {profile.rps:.0f} req/s at c=32, "
+        f"load average {load}"
+    )

@@ -387,6 +387,9 @@ def routed_call(tracing: Tracing | None, life: RequestLife, route: str, url: str
     if not _on(tracing):
         yield Call()
         return
+    if _sampled_out():
+        yield _unsampled_call()
+        return
     attributes = {
         **request_attributes(life.endpoint, life.body),
         **_url_attributes("POST", url),
@@ -402,6 +405,9 @@ def passthrough_call(tracing: Tracing | None, method: str, url: str, route: str)
     """A passed-through request's call: a CLIENT span named by its method."""
     if not _on(tracing):
         yield Call()
+        return
+    if _sampled_out():
+        yield _unsampled_call()
         return
     attributes = {**_url_attributes(method, url), "specroute.route": route}
     with _client_call(tracing, method, attributes, None) as call:
@@ -441,6 +447,25 @@ def shadow_call(
     name = f"shadow {span_name(endpoint, body)}"
     with _client_call(tracing, name, attributes, None, context=root, links=links) as call:
         yield call
+
+
+def _sampled_out() -> bool:
+    """The request's span exists and records nothing: the sampler said no to its trace.
+    Its calls then make no span of their own, and build no attributes for one."""
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    return span.get_span_context().is_valid and not span.is_recording()
+
+
+def _unsampled_call() -> Call:
+    """A call in a trace not sampled: the backend continues the request's context, its
+    not-sampled flag, trace state and baggage with it (so vLLM samples it out too)."""
+    from opentelemetry import propagate
+
+    call = Call()
+    propagate.inject(call.headers)
+    return call
 
 
 @contextlib.contextmanager

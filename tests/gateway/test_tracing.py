@@ -437,3 +437,68 @@ def test_a_trace_id_is_read_only_from_a_well_formed_traceparent() -> None:
     assert trace_id_of({"traceparent": f"00-{'0' * 32}-{CLIENT_SPAN}-01"}) is None
     assert trace_id_of({"traceparent": "garbage"}) is None
     assert trace_id_of({}) is None
+
+
+
+def span_attributes_built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each time a call's span attributes are built (the URL split, the request's fields)."""
+    from gateway.wire import tracing
+
+    built: list[str] = []
+
+    def counted(*args: object) -> dict[str, object]:
+        built.append("attributes")
+        return {}
+
+    monkeypatch.setattr(tracing, "request_attributes", counted)
+    monkeypatch.setattr(tracing, "_url_attributes", counted)
+    return built
+
+
+async def test_off_a_call_builds_no_span_attributes(
+    clean_env: pytest.MonkeyPatch,
+    stack: Callable[..., Awaitable[tuple[Client, Seen]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tracing off, a routed call costs no span work: its attributes were a tenth of a
+    millisecond per request (docs/benchmarks.md), built for nothing."""
+    built = span_attributes_built(monkeypatch)
+    gateway, _ = await stack()
+    response = await gateway.post("/v1/chat/completions", json=CHAT)
+    assert response.status == 200, await response.text()
+    await response.read()
+    assert built == []
+
+
+async def test_a_trace_sampled_out_costs_no_span_and_tells_the_backend(
+    clean_env: pytest.MonkeyPatch,
+    receiver: tuple[Receiver, str],
+    stack: Callable[..., Awaitable[tuple[Client, Seen]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sampling honoured (issue 53): the client's trace is not sampled, so under the default
+    parent-based sampler the gateway records nothing, builds no span attributes for its
+    calls, and the backend continues the client's trace with its not-sampled flag."""
+    collector, url = receiver
+    clean_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url)
+    built = span_attributes_built(monkeypatch)
+    gateway, seen = await stack(shadow={"share": 0.0})
+    unsampled = f"00-{TRACE_ID}-{CLIENT_SPAN}-00"
+    sent = {"traceparent": unsampled, "tracestate": TRACESTATE, "baggage": BAGGAGE}
+    response = await gateway.post("/v1/chat/completions", json=CHAT, headers=sent)
+    assert response.status == 200, await response.text()
+    await response.read()
+    passed = await gateway.get("/version", headers=sent)
+    assert passed.status == 200
+    await gateway.close()
+
+    calls = seen.of("POST /v1/chat/completions") + seen.of("GET /version")
+    assert len(calls) == 2
+    for _, headers in calls:
+        (traceparent,) = headers.getall("traceparent")
+        version, trace_id, _span, flags = traceparent.split("-")
+        assert (version, trace_id, flags) == ("00", TRACE_ID, "00"), traceparent
+        assert headers.get("tracestate") == TRACESTATE
+        assert headers.get("baggage") == BAGGAGE
+    assert built == []
+    assert not collector.spans
