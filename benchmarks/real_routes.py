@@ -228,13 +228,13 @@ async def run(args: argparse.Namespace, urls: dict[str, str], work: Path) -> Non
 
 def probe_bias(policy: object) -> str:
     """How far the trio's profile probes were from the traffic, per speculative route and
-    workload: the probes' rate (accepted drafts per step / k) against the mean of the
-    answers'. Their RMS over the keys is what the router learns as the probes' bias (its
-    prior RouterConfig.prior_sd / sqrt(probe_weight)), printed beside it."""
+    workload: the probes' per-position acceptance a against the mean of the answers'.
+    Their RMS over the keys is what the router learns as the probes' bias (its prior
+    RouterConfig.prior_sd / sqrt(probe_weight)), printed beside it."""
     misses = getattr(policy, "probe_misses", None)
     if misses is None:
         return "probe bias: not a profiled policy"
-    lines = ["probe bias (rate = accepted drafts per step / k):", "route workload probe traffic n"]
+    lines = ["probe bias (per-position acceptance a):", "route workload probe traffic n"]
     errors: list[float] = []
     for route, per in misses().items():
         for workload, (probe, traffic, n) in sorted(per.items()):

@@ -1,4 +1,5 @@
-"""How acceptance is learned: a posterior per route, workload and temperature.
+"""How acceptance is learned: a posterior per drafter, workload and temperature, of
+the per-position acceptance a, from each answer's rho at its route's k.
 
 rho is accepted drafts per decode step over k, every step counted: not vLLM's
 accepted / drafted, which counts only the steps that drafted. vLLM's n-gram
@@ -14,10 +15,9 @@ import random
 from dataclasses import dataclass
 
 from classifier.acceptance_model import AcceptanceModel
-from classifier.cost import route_of
 from classifier.features import RequestFeatures, Workload
 from classifier.profile import EngineProfile
-from classifier.speculation import acceptance_rate
+from classifier.speculation import acceptance_rate, alpha_from_rate
 from classifier.types import Route
 
 # A speculative answer shorter than this many tokens per sequence measures its
@@ -43,12 +43,15 @@ _SPREAD_PRIOR_WEIGHT = 0.5
 _BIAS_PRIOR_KEYS = 1.0
 _BIAS_MIN_ANSWERS = 2.0
 
-BeliefKey = tuple[Route, Workload, int]
+# A drafter's name (the method its routes serve, e.g. "eagle3"), a workload, and a
+# temperature bucket (-1: the workload's): one belief, whatever the route's k.
+BeliefKey = tuple[str, Workload, int]
 
 
 @dataclass(slots=True)
 class AcceptanceBelief:
-    """Posterior of one key's mean acceptance rho (accepted drafts per step / k).
+    """Posterior of one key's mean per-position acceptance a (the Leviathan model's:
+    each of k drafts accepted with probability a, in order; rho = acceptance_rate(a, k)).
 
     Decayed sums of the requests' rates (weight, weighted sum, weighted sum of
     squares) and a prior: the mean at prior_mean, as sure as prior_n requests of
@@ -108,17 +111,20 @@ class AcceptanceBelief:
         return [self.prior_mean, self.prior_n, self.prior_sd, self.n, self.total, self.squares]
 
 
-def fine_key(route: Route, f: RequestFeatures) -> BeliefKey:
-    """The finer key: the route, workload and sampling temperature (greedy, low,
+def fine_key(drafter: str, f: RequestFeatures) -> BeliefKey:
+    """The finer key: the drafter, workload and sampling temperature (greedy, low,
     moderate, high): acceptance falls with temperature within a workload."""
     bucket = sum(1 for bound in _TEMPERATURE_BUCKETS if f.temperature > bound)
-    return route, f.workload, bucket
+    return drafter, f.workload, bucket
 
 
 class Acceptance:
-    """The beliefs per route, workload and temperature bucket (-1: the workload's): one
-    route's acceptance is never another's (a different drafter or k accepts differently);
-    and how far the probes of `profile`, the one in use, sit from the traffic."""
+    """The beliefs per drafter, workload and temperature bucket (-1: the workload's), in
+    per-position acceptance a: routes that serve one drafter at different k share what
+    it learns (EAGLE at k=2 answers for EAGLE at k=6; a route's rho is
+    acceptance_rate(a, its k)); and how far the probes of `profile`, the one in use, sit
+    from the traffic. A drafter is a route's served method, so two draft models of one
+    method share a belief."""
 
     def __init__(
         self,
@@ -133,23 +139,41 @@ class Acceptance:
         self._prior_sd, self._probes, self._model = prior_sd, probe_weight, model
         self._decay = 1.0 - 1.0 / memory
         self.probe_bias = prior_sd / math.sqrt(probe_weight)
-        self.spread, self.profile = prior_sd, profile
-        self.bucket_sd = prior_sd
+        self.spread, self.bucket_sd = prior_sd, prior_sd
+        self.profile = profile
+        self._drafters: dict[Route, tuple[str, int]] = {}
+        self._probe_a: dict[tuple[str, Workload], list[float]] = {}
+        self.use_profile(profile)
 
     def use_profile(self, profile: EngineProfile) -> None:
         """A new profile's probes become each key's prior (what was learned stays)."""
         self.profile = profile
-        for (route, workload, level), belief in self.beliefs.items():
+        self._drafters, self._probe_a = {}, {}
+        for measured in profile.routes:
+            k = measured.identity.num_speculative_tokens
+            if not (measured.speculative and k > 0):
+                continue
+            drafter = measured.identity.speculative
+            self._drafters[Route(measured.name)] = (drafter, k)
+            for workload, (tokens, _) in measured.tokens_per_step.items():
+                a = alpha_from_rate(min(1.0, max(0.0, (tokens - 1.0) / k)), k)
+                self._probe_a.setdefault((drafter, workload), []).append(a)
+        for (drafter, workload, level), belief in self.beliefs.items():
             if level < 0:  # a bucket keeps the prior it borrowed
-                self.set_prior(belief, route, workload)
+                self.set_prior(belief, drafter, workload)
         self.learn_probe_bias()
 
-    def set_prior(self, belief: AcceptanceBelief, route: Route, workload: Workload) -> None:
-        measured = route_of(self.profile, route)
-        probe = measured.tokens_per_step.get(workload)
-        k = measured.identity.num_speculative_tokens
-        if probe is not None and k > 0:
-            belief.prior_mean = min(1.0, max(0.0, (probe[0] - 1.0) / k))
+    def drafter(self, route: Route) -> tuple[str, int] | None:
+        """The route's drafter and k (None: no speculation)."""
+        return self._drafters.get(route)
+
+    def routes_of(self, drafter: str) -> list[tuple[Route, int]]:
+        return [(r, k) for r, (d, k) in self._drafters.items() if d == drafter]
+
+    def set_prior(self, belief: AcceptanceBelief, drafter: str, workload: Workload) -> None:
+        probes = self._probe_a.get((drafter, workload))
+        if probes:
+            belief.prior_mean = sum(probes) / len(probes)
             belief.prior_n, belief.prior_sd = self._probe_weight(), self.spread
         else:  # no probe of this kind: a neutral guess worth one request
             belief.prior_mean, belief.prior_n = _NEUTRAL_RATE, _NEUTRAL_WEIGHT
@@ -160,9 +184,8 @@ class Acceptance:
         learned bias allows (its sd is the bias)."""
         return (self.spread / self.probe_bias) ** 2
 
-    def probed(self, route: Route, workload: Workload) -> bool:
-        measured = route_of(self.profile, route)
-        return measured.speculative and workload in measured.tokens_per_step
+    def probed(self, drafter: str, workload: Workload) -> bool:
+        return (drafter, workload) in self._probe_a
 
     def learn_probe_bias(self) -> None:
         """How far the profile's probes sit from the traffic, learned across keys.
@@ -177,8 +200,9 @@ class Acceptance:
         sd = self._prior_sd
         squares, keys = _BIAS_PRIOR_KEYS * sd**2 / self._probes, _BIAS_PRIOR_KEYS
         spreads, answers = _SPREAD_PRIOR_WEIGHT * sd**2, _SPREAD_PRIOR_WEIGHT
-        for (route, workload, level), b in self.beliefs.items():
-            if level >= 0 or b.n < _BIAS_MIN_ANSWERS or not self.probed(route, workload):
+        probed = {(d, w) for d, w, level in self.beliefs if level < 0 and self.probed(d, w)}
+        for (drafter, workload, level), b in self.beliefs.items():
+            if level >= 0 or b.n < _BIAS_MIN_ANSWERS or (drafter, workload) not in probed:
                 continue
             mean, spread = b.answers()
             spread = max(spread, _VARIANCE_FLOOR)
@@ -189,8 +213,8 @@ class Acceptance:
         self.probe_bias = math.sqrt(max(squares / keys, _VARIANCE_FLOOR))
         self.spread = math.sqrt(spreads / answers)
         self.bucket_sd = self._learn_bucket_sd()
-        for (route, workload, level), b in self.beliefs.items():
-            if level < 0 and self.probed(route, workload):
+        for (drafter, workload, level), b in self.beliefs.items():
+            if level < 0 and (drafter, workload) in probed:
                 b.prior_n, b.prior_sd = self._probe_weight(), self.spread
 
     def _learn_bucket_sd(self) -> float:
@@ -198,15 +222,13 @@ class Acceptance:
         the buckets with answers as the probes' bias is: each measures it once, (its
         answers' mean - the workload's)^2 less its own sampling variance; the configured
         prior_sd counts as one bucket. A bucket with no answers borrows its workload's
-        mean at this much more uncertainty: on the measured H200's emulator a request
-        labelled chat at T=0 (text-to-SQL) accepted 0.40 on EAGLE k=6 where chat at
-        T=0.8 had taught 0.11-0.22 with an sd of 0.03, and the router, sure of the
-        borrowed belief, never tried it (issue 52)."""
+        mean at this much more uncertainty: text-to-SQL that the markers call chat at
+        T=0 must not inherit the certainty chat at T=0.8 taught (issue 52)."""
         squares, buckets = self._prior_sd**2, 1.0
-        for (route, workload, level), b in self.beliefs.items():
+        for (drafter, workload, level), b in self.beliefs.items():
             if level < 0 or b.n < _BIAS_MIN_ANSWERS:
                 continue
-            whole = self.beliefs.get((route, workload, -1))
+            whole = self.beliefs.get((drafter, workload, -1))
             if whole is None or whole.n <= b.n:  # one bucket is its workload: no distance
                 continue
             mean, spread = b.answers()
@@ -214,20 +236,23 @@ class Acceptance:
             buckets += 1
         return math.sqrt(max(squares / buckets, _VARIANCE_FLOOR))
 
-    def belief_for(self, route: Route, f: RequestFeatures) -> AcceptanceBelief:
-        """The finer key's belief if it has any data, else the workload's, borrowed at
-        bucket_sd more uncertainty; a workload not measured yet takes the offline
-        model's prediction for this very request (`specroute train` on the outcome log)
-        as its prior mean, where one is given."""
-        fine = self.beliefs.get(fine_key(route, f))
+    def belief_for(self, route: Route, f: RequestFeatures) -> AcceptanceBelief | None:
+        """The request's a on `route` (None: the route does not speculate): the finer
+        key's belief if it has any data, else the workload's, borrowed at bucket_sd more
+        uncertainty; a workload not measured yet takes the offline model's prediction
+        for this very request (`specroute train` on the outcome log) as its prior mean,
+        where one is given."""
+        known = self._drafters.get(route)
+        if known is None:
+            return None
+        drafter = known[0]
+        fine = self.beliefs.get(fine_key(drafter, f))
         if fine is not None and fine.n > 0:
             return fine
-        belief = self.workload_belief(route, f.workload)
-        k = route_of(self.profile, route).identity.num_speculative_tokens
-        if self._model is None or belief.n > 0 or k <= 0:
+        belief = self._workload(drafter, f.workload)
+        if self._model is None or belief.n > 0:
             return self._borrowed(belief)
-        rate = acceptance_rate(self._model.predict(f), k)
-        return AcceptanceBelief(rate, self._probes, self._prior_sd)
+        return AcceptanceBelief(self._model.predict(f), self._probes, self._prior_sd)
 
     def _borrowed(self, whole: AcceptanceBelief) -> AcceptanceBelief:
         """A bucket's prior: its workload's mean, as unsure as that mean plus the
@@ -235,26 +260,41 @@ class Acceptance:
         return AcceptanceBelief(whole.mean, 1.0, math.hypot(whole.sd, self.bucket_sd))
 
     def rate(self, route: Route, f: RequestFeatures) -> float:
-        return self.belief_for(route, f).mean
+        """The request's mean acceptance rate rho on `route` (0 without speculation)."""
+        belief = self.belief_for(route, f)
+        return 0.0 if belief is None else acceptance_rate(belief.mean, self._drafters[route][1])
 
-    def workload_belief(self, route: Route, workload: Workload) -> AcceptanceBelief:
-        known = self.beliefs.get((route, workload, -1))
+    def workload_rate(self, route: Route, workload: Workload) -> float:
+        """The workload's mean rho on `route` (0 without speculation)."""
+        belief = self.workload_belief(route, workload)
+        return 0.0 if belief is None else acceptance_rate(belief.mean, self._drafters[route][1])
+
+    def workload_belief(self, route: Route, workload: Workload) -> AcceptanceBelief | None:
+        known = self._drafters.get(route)
+        return None if known is None else self._workload(known[0], workload)
+
+    def _workload(self, drafter: str, workload: Workload) -> AcceptanceBelief:
+        known = self.beliefs.get((drafter, workload, -1))
         if known is not None:
             return known
         fresh = AcceptanceBelief(_NEUTRAL_RATE, _NEUTRAL_WEIGHT, self._prior_sd)
-        self.set_prior(fresh, route, workload)
+        self.set_prior(fresh, drafter, workload)
         return fresh
 
     def observe(self, route: Route, f: RequestFeatures, rho: float, per_seq: float) -> None:
-        """One answer's measured acceptance, into its workload's key and its finer key."""
-        if per_seq < 2:
+        """One answer's measured rate on `route`, as its drafter's a, into its
+        workload's key and its finer key."""
+        known = self._drafters.get(route)
+        if per_seq < 2 or known is None:
             return
+        drafter, k = known
+        a = alpha_from_rate(rho, k)
         weight = min(1.0, per_seq / _FULL_WEIGHT_TOKENS)
-        for key in ((route, f.workload, -1), fine_key(route, f)):
+        for key in ((drafter, f.workload, -1), fine_key(drafter, f)):
             belief = self.beliefs.get(key)
             if belief is None:
-                belief = self.beliefs[key] = self.workload_belief(route, f.workload)
+                belief = self.beliefs[key] = self._workload(drafter, f.workload)
                 if key[2] >= 0:  # the finer key starts from its workload's, borrowed
                     belief = self.beliefs[key] = self._borrowed(belief)
-            belief.observe(rho, weight, self._decay)
+            belief.observe(a, weight, self._decay)
         self.learn_probe_bias()

@@ -11,16 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from classifier.features import RequestFeatures, Workload
 from classifier.output_length import OutputLengthModel
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
 from classifier.traffic import Traffic
 from classifier.types import TWO_ROUTES, LiveState, Route, RouteSpec
-
-if TYPE_CHECKING:
-    from classifier.beliefs import AcceptanceBelief
 
 # An in-flight request started at a uniformly random earlier time has, on
 # average, half a life of the same length left: the share of a new request's
@@ -58,8 +54,8 @@ class Learned:
     traffic: Traffic
     outputs: OutputLengthModel
     drift: Callable[[Route], float]  # measured / profiled decode time
-    rate: Callable[[Route, RequestFeatures], float]  # the request's mean acceptance
-    belief: Callable[[Route, Workload], AcceptanceBelief]  # the workload's acceptance
+    rate: Callable[[Route, RequestFeatures], float]  # the request's mean rho there
+    workload_rate: Callable[[Route, Workload], float]  # the workload's mean rho there
     failure: Callable[[Route, Workload], float]  # the route's failure rate
 
 
@@ -248,7 +244,7 @@ def _carry(
     weights = learned.traffic.output_weights(mix)
     per_token = 0.0
     for workload, weight in weights.items():
-        per_token += weight / _tau(rp, learned.belief(route, workload).mean)
+        per_token += weight / _tau(rp, learned.workload_rate(route, workload))
     decode = step * per_token / sum(weights.values())
     if profile.source == "prior":  # its first-token curve is a guess, as in price
         return decode

@@ -1,10 +1,11 @@
-"""What the router learned, as JSON, kept over a restart: acceptance, the answers'
-lengths, failures and the traffic's mix, under each route's k."""
+"""What the router learned, as JSON, kept over a restart: each drafter's acceptance
+(per-position a, whatever a route's k), the answers' lengths, failures per route and
+the traffic's mix."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +16,10 @@ from classifier.output_length import OutputLengthModel
 from classifier.traffic import Traffic
 from classifier.types import Route
 
-STATE_FORMAT = "specroute.router-state/2"
-_TWO_ROUTE_STATE_FORMAT = "specroute.router-state/1"  # before routes had names
+# /3: acceptance per drafter in a. /2 held it per route in rho at that route's k, and
+# /1 per the one speculative route: sums of rho do not convert to sums of a, so an
+# older state is refused (logged) and learned again.
+STATE_FORMAT = "specroute.router-state/3"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,14 +32,12 @@ class LearnedState:
     traffic: Traffic
 
 
-def dump_state(ks: Mapping[str, int], learned: LearnedState) -> dict[str, Any]:
-    """The state's JSON; `ks` is each route's k, by name."""
+def dump_state(learned: LearnedState) -> dict[str, Any]:
+    """The state's JSON."""
     return {
         "format": STATE_FORMAT,
-        "routes": dict(ks),
         "acceptance": {
-            f"{r.value}/{w.value}/{b}": belief.to_json()
-            for (r, w, b), belief in learned.beliefs.items()
+            f"{d}/{w.value}/{b}": belief.to_json() for (d, w, b), belief in learned.beliefs.items()
         },
         "outputs": learned.outputs.to_json(),
         "failures": {f"{r.value}/{w.value}": c for (r, w), c in learned.failures.items()},
@@ -44,45 +45,35 @@ def dump_state(ks: Mapping[str, int], learned: LearnedState) -> dict[str, Any]:
     }
 
 
-def parse_state(raw: object, ks: Mapping[str, int]) -> LearnedState:
-    """What an earlier process learned. Anything but a state of this format whose
-    routes have the k they have now (`ks`), every figure a finite number >= 0 that the
-    sums read back sanely, is refused (ValueError) whole: nothing of it is taken.
-    A route the state names and the configuration no longer has is dropped. The
-    two-route format (/1: one speculative route's k) is read as the route
-    "speculative"."""
+def parse_state(raw: object, routes: Collection[str], drafters: Collection[str]) -> LearnedState:
+    """What an earlier process learned. Anything but a state of this format, every
+    figure a finite number >= 0 that the sums read back sanely, is refused (ValueError)
+    whole: nothing of it is taken. A route or drafter the state names and the
+    configuration no longer has is dropped."""
     if not isinstance(raw, Mapping):
         raise ValueError("router state: want a JSON object")
-    acceptance = _table(raw, "acceptance")
-    if raw.get("format") == _TWO_ROUTE_STATE_FORMAT:
-        mine = ks.get(Route.SPECULATIVE.value)
-        if raw.get("k") != mine:
-            raise ValueError(f"router state: a two-route state with k={raw.get('k')}")
-        acceptance = {f"{Route.SPECULATIVE.value}/{k}": v for k, v in acceptance.items()}
-    elif raw.get("format") == STATE_FORMAT:
-        theirs = _table(raw, "routes")
-        changed = [n for n, k in theirs.items() if n in ks and ks[n] != k]
-        if changed:
-            raise ValueError(f"router state: route(s) {changed} had another k")
-    else:
-        raise ValueError(f"router state: want format {STATE_FORMAT!r}")
+    if raw.get("format") != STATE_FORMAT:
+        raise ValueError(
+            f"router state: want format {STATE_FORMAT!r} (an older one held acceptance per"
+            " route, not per drafter: it is learned again)"
+        )
     beliefs: dict[BeliefKey, AcceptanceBelief] = {}
-    for key, values in acceptance.items():
-        name, workload, fine = _parts(key, 3, "acceptance")
+    for key, values in _table(raw, "acceptance").items():
+        drafter, workload, fine = _parts(key, 3, "acceptance")
         belief = AcceptanceBelief(*_figures(values, 6, f"acceptance {key!r}"))
         if not (belief.prior_mean <= 1 and belief.weight > 0):
             raise ValueError(f"router state: acceptance {key!r}: want a mean in [0, 1]")
         if not (math.isfinite(belief.mean) and math.isfinite(belief.sd)):
             raise ValueError(f"router state: acceptance {key!r}: sums out of range")
-        if name in ks:
-            beliefs[(Route(name), Workload(workload), int(fine))] = belief
+        if drafter in drafters:
+            beliefs[(drafter, Workload(workload), int(fine))] = belief
     failures: dict[tuple[Route, Workload], list[float]] = {}
     for key, values in _table(raw, "failures").items():
         r, w = _parts(key, 2, "failures")
         failed, seen = _figures(values, 2, f"failures {key!r}")
         if failed > seen:
             raise ValueError(f"router state: failures {key!r}: more failed than seen")
-        if r in ks:
+        if r in routes:
             failures[(Route(r), Workload(w))] = [failed, seen]
     outputs = OutputLengthModel.from_json(
         {k: _figures(v, 2, f"outputs {k!r}") for k, v in _table(raw, "outputs").items()}

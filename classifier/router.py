@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from classifier.acceptance_model import AcceptanceModel
-from classifier.beliefs import Acceptance
+from classifier.beliefs import Acceptance, AcceptanceBelief
 from classifier.cost import (
     TRAFFIC_MEMORY,
     Learned,
@@ -70,7 +70,7 @@ from classifier.guards import DEFAULT_GUARDS, GuardsConfig
 from classifier.output_length import OutputLengthModel
 from classifier.persistence import LearnedState, dump_state, parse_state
 from classifier.profile import EngineProfile
-from classifier.speculation import alpha_from_rate
+from classifier.speculation import acceptance_rate
 from classifier.traffic import Traffic
 from classifier.types import TWO_ROUTES, Decision, FinishedRequest, LiveState, Route, RouteSpec
 
@@ -255,7 +255,7 @@ class ProfiledPolicy:
             self._outputs,
             self._drift.factor,
             acceptance.rate,
-            acceptance.workload_belief,
+            acceptance.workload_rate,
             self._failure_rate,
         )
 
@@ -273,13 +273,20 @@ class ProfiledPolicy:
         learned = self._learned()
         routes = routes_of(profile)
         speculating = [r for r in routes if route_of(profile, r).speculative]
-        beliefs = {r: self._acceptance.belief_for(r, features) for r in speculating}
-        rho = {r: beliefs[r].mean if r in beliefs else 0.0 for r in routes}
-        predicted = {r: price(profile, features, state, r, rho[r], learned) for r in routes}
+        beliefs = {
+            r: (b, route_of(profile, r).identity.num_speculative_tokens)
+            for r in speculating
+            if (b := self._acceptance.belief_for(r, features)) is not None
+        }
+        rho = {r: acceptance_rate(b.mean, k) for r, (b, k) in beliefs.items()}
+        predicted = {
+            r: price(profile, features, state, r, rho.get(r, 0.0), learned) for r in routes
+        }
         why: dict[str, Any] = {
             "profile": profile.source,
-            "acceptance": {r.value: round(rho[r], 4) for r in speculating},
-            "acceptance_sd": {r.value: round(b.sd, 4) for r, b in beliefs.items()},
+            "acceptance": {r.value: round(v, 4) for r, v in rho.items()},
+            "alpha": {r.value: round(b.mean, 4) for r, (b, _) in beliefs.items()},
+            "alpha_sd": {r.value: round(b.sd, 4) for r, (b, _) in beliefs.items()},
             "probe_bias_sd": round(self._acceptance.probe_bias, 4),
         }
         priced = profile.source != "prior"
@@ -311,7 +318,7 @@ class ProfiledPolicy:
         else:
             reason, rule = _FASTER[route in speculating], "smaller-cost"
         if rng is not None and rule in ("smaller-cost", "followers") and len(choice) > 1:
-            drawn = {r: b.sample(rng) for r, b in beliefs.items()}
+            drawn = {r: acceptance_rate(b.sample(rng), k) for r, (b, k) in beliefs.items()}
             sampled = {
                 r: price(profile, features, state, r, drawn.get(r, 0.0), learned).cost_s
                 + lead.get(r, 0.0)
@@ -400,47 +407,49 @@ class ProfiledPolicy:
 
     def estimated_acceptance(self) -> dict[Route, dict[Workload, float]]:
         """Per-position acceptance a per speculative route and workload (the unit of the
-        gauges), from the posterior mean rate; only workloads with a profile probe or a
-        measurement on that route."""
+        gauges), its drafter's posterior mean; only workloads with a profile probe or a
+        measurement of that drafter."""
         out: dict[Route, dict[Workload, float]] = {}
-        profile = self._active()
-        for route in routes_of(profile):
-            measured = route_of(profile, route)
-            k = measured.identity.num_speculative_tokens
-            if k <= 0:
+        for route in routes_of(self._active()):
+            known = self._acceptance.drafter(route)
+            if known is None:
                 continue
-            believed: dict[Workload, float] = {}
-            for workload in Workload:
-                known = (route, workload, -1) in self._acceptance.beliefs
-                if known or workload in measured.tokens_per_step:
-                    rate = self._acceptance.workload_belief(route, workload).mean
-                    believed[workload] = alpha_from_rate(rate, k)
-            out[route] = believed
+            out[route] = {
+                w: b.mean
+                for w in Workload
+                if (known[0], w, -1) in self._acceptance.beliefs
+                or self._acceptance.probed(known[0], w)
+                if (b := self._acceptance.workload_belief(route, w)) is not None
+            }
         return out
 
     def acceptance_beliefs(self) -> dict[Route, dict[Workload, tuple[float, float, float]]]:
-        """(mean rate, its sd, measured weight) per speculative route and workload seen
-        or probed."""
+        """(mean rate rho, its sd, measured weight) per speculative route and workload
+        seen or probed: the drafter's a at the route's k."""
         out: dict[Route, dict[Workload, tuple[float, float, float]]] = {}
         for route, believed in self.estimated_acceptance().items():
+            k = route_of(self._active(), route).identity.num_speculative_tokens
             out[route] = {}
             for workload in believed:
                 b = self._acceptance.workload_belief(route, workload)
-                out[route][workload] = (b.mean, b.sd, b.n)
+                assert b is not None  # estimated_acceptance lists speculative routes only
+                out[route][workload] = (acceptance_rate(b.mean, k), _rate_sd(b, k), b.n)
         return out
 
     def probe_misses(self) -> dict[Route, dict[Workload, tuple[float, float, float]]]:
-        """(probe's rate, answers' mean rate, their weight) per speculative route and
-        probed workload with answers: what the probes' learned bias is made of."""
+        """(probes' a, answers' mean a, their weight) per speculative route and probed
+        workload its drafter has answers for: what the probes' learned bias is made of."""
         out: dict[Route, dict[Workload, tuple[float, float, float]]] = {}
-        for (route, workload, level), b in self._acceptance.beliefs.items():
-            if level < 0 and b.n > 0 and self._acceptance.probed(route, workload):
+        for (drafter, workload, level), b in self._acceptance.beliefs.items():
+            if level >= 0 or b.n <= 0 or not self._acceptance.probed(drafter, workload):
+                continue
+            for route, _ in self._acceptance.routes_of(drafter):
                 out.setdefault(route, {})[workload] = (b.prior_mean, b.answers()[0], b.n)
         return out
 
     @property
     def probe_bias(self) -> float:
-        """The probes' learned bias against the traffic (rate units, an sd)."""
+        """The probes' learned bias against the traffic (in a, an sd)."""
         return self._acceptance.probe_bias
 
     def shared_gpu(self, pair: int = 0) -> bool | None:
@@ -459,21 +468,20 @@ class ProfiledPolicy:
 
     def state_to_json(self) -> dict[str, Any]:
         beliefs = self._acceptance.beliefs
-        learned = LearnedState(beliefs, self._failures, self._outputs, self._traffic)
-        return dump_state(self._ks(), learned)
+        return dump_state(LearnedState(beliefs, self._failures, self._outputs, self._traffic))
 
     def load_state(self, raw: object) -> None:
         """What an earlier process learned (persistence.parse_state says what is refused):
         all of it or, on a ValueError, nothing; its beliefs take this profile's priors."""
-        state = parse_state(raw, self._ks())
+        drafters = {d for r in self._routes if (d := self._acceptance.drafter(r)) is not None}
+        state = parse_state(raw, {r.value for r in self._routes}, {d for d, _ in drafters})
         self._acceptance.beliefs, self._failures = state.beliefs, state.failures
         self._outputs, self._traffic = state.outputs, state.traffic
-        if self._profile is not None:
-            for (route, workload, level), belief in state.beliefs.items():
-                if level < 0:
-                    self._acceptance.set_prior(belief, route, workload)
-            self._acceptance.learn_probe_bias()
+        self._acceptance.use_profile(self._active())
 
-    def _ks(self) -> dict[str, int]:
-        """Each route's k, by name: a state learned on another k is refused."""
-        return {r.value: spec.k for r, spec in self._routes.items()}
+
+def _rate_sd(belief: AcceptanceBelief, k: int) -> float:
+    """The sd of rho = acceptance_rate(a, k) for a belief of a: half the rates one sd
+    either side (rho is monotone in a)."""
+    low, high = max(belief.mean - belief.sd, 0.0), min(belief.mean + belief.sd, 1.0)
+    return 0.5 * (acceptance_rate(high, k) - acceptance_rate(low, k))
