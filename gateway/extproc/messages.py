@@ -94,10 +94,15 @@ def response_headers_reply(response: pb.CommonResponse | None = None) -> pb.Proc
     )
 
 
+# The reply to an answer's chunk that passes unchanged, built once: a streamed answer's
+# chunks then build nothing (a new one was 6 us a chunk). Shared, so never changed after.
+_CHUNK_PASSES = pb.ProcessingResponse(response_body=pb.BodyResponse(response=pb.CommonResponse()))
+
+
 def response_body_reply(response: pb.CommonResponse | None = None) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        response_body=pb.BodyResponse(response=response or pb.CommonResponse())
-    )
+    if response is None:
+        return _CHUNK_PASSES
+    return pb.ProcessingResponse(response_body=pb.BodyResponse(response=response))
 
 
 def trailers_reply(request: bool) -> pb.ProcessingResponse:

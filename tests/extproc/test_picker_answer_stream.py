@@ -20,6 +20,7 @@ from pytest_aiohttp.plugin import AiohttpClient, AiohttpServer
 from classifier.tokens import TokenCounter
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.extproc import messages
 from gateway.extproc.pb import ext_proc_subset_pb2 as pb
 from gateway.extproc.stream import Mode, PickerStream
 from gateway.state import BACKENDS
@@ -230,3 +231,16 @@ async def test_an_event_over_the_bound_ends_the_stream_as_the_relay_ends_it(
         assert b"yyyy" not in out  # the event never reached the client
     upstreams = app[BACKENDS].of(route).upstreams
     assert upstreams[0].consecutive_failures == 1
+
+
+def test_a_chunk_that_passes_builds_no_reply() -> None:
+    """The picker's loop does no per-chunk work beyond cutting events (issue 53): a chunk it
+    lets pass is answered with the one CONTINUE built at import, the same bytes a new one
+    would serialise to."""
+    first, second = messages.response_body_reply(), messages.response_body_reply()
+    assert first is second
+    fresh = pb.ProcessingResponse(response_body=pb.BodyResponse(response=pb.CommonResponse()))
+    assert first.SerializeToString() == fresh.SerializeToString()
+    changed = messages.response_body_reply(messages.common(body=b"x"))
+    assert changed is not first and changed.response_body.response.body_mutation.body == b"x"
+    assert first.SerializeToString() == fresh.SerializeToString()  # untouched by that
