@@ -221,6 +221,8 @@ async def _read_json_body(request: web.Request, timeout_s: float) -> bytes:
         raise APIError(
             415, f"unsupported content type {request.content_type!r}: send application/json"
         )
+    if request.content.is_eof():  # all in with the headers: no timer to arm and cancel
+        return await request.read()
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()

@@ -187,8 +187,7 @@ async def _relay_whole(
     request: web.Request, upstream: aiohttp.ClientResponse, meter: Meter, how: Relay
 ) -> web.StreamResponse:
     try:
-        async with asyncio.timeout(how.bounds.read_timeout_s):  # a drip is a stall
-            payload = await upstream.read()
+        payload = await _read_whole(upstream, how.bounds.read_timeout_s)
     except asyncio.CancelledError as exc:
         if not is_drain(exc):
             raise
@@ -213,6 +212,15 @@ async def _relay_whole(
     elif upstream.status >= 500 and meter.error_kind is None:
         meter.fail("http_5xx")  # a 4xx is the client's, not the backend's, failure
     return response
+
+
+async def _read_whole(upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
+    """The whole answer; a drip is a stall. A small answer is usually all in with its
+    headers: then there is nothing to wait for, and no timer to arm and cancel."""
+    if upstream.content.is_eof():
+        return await upstream.read()
+    async with asyncio.timeout(timeout_s):
+        return await upstream.read()
 
 
 class _WholeResponse(web.StreamResponse):
