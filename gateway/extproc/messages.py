@@ -94,6 +94,16 @@ def response_headers_reply(response: pb.CommonResponse | None = None) -> pb.Proc
     )
 
 
+def bodiless_answer_reply(response: pb.CommonResponse) -> pb.ProcessingResponse:
+    """The answer's headers, with Envoy told to send none of its body: one message fewer
+    for an answer whose body the picker does not read (an error's). Honoured where the
+    filter has allow_mode_override, as unrouted_reply is; elsewhere the body comes, and
+    the picker passes it."""
+    reply = response_headers_reply(response)
+    reply.mode_override.response_body_mode = pb.ProcessingMode.NONE
+    return reply
+
+
 # The reply to an answer's chunk that passes unchanged, built once: a streamed answer's
 # chunks then build nothing (a new one was 6 us a chunk). Shared, so never changed after.
 _CHUNK_PASSES = pb.ProcessingResponse(response_body=pb.BodyResponse(response=pb.CommonResponse()))

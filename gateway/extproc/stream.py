@@ -286,9 +286,17 @@ class PickerStream:
             self._events = EventCutter(AnswerBounds.of(self.snapshot.config).max_event_bytes)
         if life.failover_from is not None:
             self._answer_headers[FAILOVER_HEADER] = life.failover_from.value
+        reply = messages.common(self._answer_headers)
         if message.response_headers.end_of_stream:
             self._answered()
-        return messages.response_headers_reply(messages.common(self._answer_headers))
+        elif life.meter.status != 200:
+            # An error's body tells the picker nothing (a 5xx counts by its status): it is
+            # not sent to the picker, and the request ends with its headers.
+            if life.meter.status >= 500:
+                life.meter.fail("http_5xx")
+            self._answered()
+            return messages.bodiless_answer_reply(reply)
+        return messages.response_headers_reply(reply)
 
     def _note_who_answered(self, life: RequestLife, message: pb.ProcessingRequest) -> None:
         """Envoy may have failed over (a retry on another route: each route's cluster holds
