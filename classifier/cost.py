@@ -16,7 +16,7 @@ from classifier.features import RequestFeatures, Workload
 from classifier.output_length import OutputLengthModel
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
 from classifier.traffic import Traffic
-from classifier.types import TWO_ROUTES, LiveState, Route, RouteSpec
+from classifier.types import TWO_ROUTES, BackendState, LiveState, Route, RouteSpec
 
 # An in-flight request started at a uniformly random earlier time has, on
 # average, half a life of the same length left: the share of a new request's
@@ -136,13 +136,13 @@ def price(
     n = max(f.n, 1)
     out = learned.outputs.predict(f) if output_tokens is None else output_tokens
     steps = max(out - 1.0, 0.0) / tau
-    batch = here.load
+    batch = min(here.load, here.capacity or math.inf)
     drift = learned.drift(route)
     # Time-sliced: while a neighbour on its device is busy, each step takes its share.
     near = profile.neighbours(route.value)
     busy = [(s, o) for r, s, o in others if s.load > 0 and r.value in near]
     slowdown = me.slowdown(len(busy))
-    step = me.step.at(batch + n) * drift * slowdown
+    step = me.step.at(min(batch + n, here.capacity or math.inf)) * drift * slowdown
     ttft = me.ttft.at(f.prompt_tokens + here.prefill_tokens)
     # While it decodes, the requests in flight there end and others like them arrive
     # (a closed loop replaces each about once a life): their prompts' prefill chunks
@@ -156,7 +156,7 @@ def price(
         arrivals = batch * min(1.0, out / learned.traffic.mean_output(likely))
         prefills = arrivals * _prefill_of(me, learned.traffic.mean_prompt(likely)) * slowdown
     alone = ttft + steps * step + prefills
-    queue = (here.waiting or 0) / max(here.running or 0, 1) * alone
+    queue = _queued(here, n) * alone
     e2e = queue + alone
     # What it adds to the requests in flight: each step of its server grows by
     # the larger batch; and while it decodes, each busy neighbour's requests run
@@ -175,6 +175,17 @@ def price(
             for r, s, o in others
         )
     return Prediction(e2e, e2e + added + fail * retry, tau, steps, queue + ttft)
+
+
+def _queued(here: BackendState, n: int) -> float:
+    """Lives a new request waits before its server decodes it: the queue it reports, or,
+    past the most sequences it decodes at once (capacity: vLLM's max_num_seqs), the
+    excess, each of its slots freeing about once a life. A server at its capacity
+    cannot take one more into its batch, nor grow its step past it: the chaos run's
+    saturation (40 streams on a server of 40) was priced as a batch of 41."""
+    capacity = here.capacity or math.inf
+    serving = max(min(here.running or here.load, capacity), 1.0)
+    return max(float(here.waiting or 0), here.load + n - capacity, 0.0) / serving
 
 
 def followers(

@@ -138,6 +138,9 @@ class BackendState:
     # The gateway's newest request there, numbered across all backends (0: none):
     # the server a busy GPU's batch is heading to, while the other still drains.
     last_start: int = 0
+    # The most sequences it decodes at once (the gateway's admission limit there, set to
+    # vLLM's max_num_seqs as config.toml asks); None: unbounded as far as anyone said.
+    capacity: float | None = None
 
     @property
     def load(self) -> int:

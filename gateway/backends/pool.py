@@ -58,6 +58,7 @@ class Upstream:
     prefill_tokens: int = 0  # prompts of streams sent here with no first token yet
     mix: dict[Workload, int] = field(default_factory=dict)  # in flight, by workload
     last_start: int = 0  # the pool's sequence number of the newest request sent here
+    capacity: float | None = None  # its share of its route's admission limit
     healthy: bool = True  # may take new requests: probe OK and not ejected
     # Its process answers: the last /health probe said 200 and no connection
     # was refused since. An ejected endpoint can be reachable: it is the
@@ -94,7 +95,11 @@ class Backend:
         if config.api_key_env and (key := os.environ.get(config.api_key_env)):
             headers["Authorization"] = f"Bearer {key}"
         by_index = pairing is Pairing.BY_INDEX
-        upstreams = [Upstream(url, i if by_index else 0) for i, url in enumerate(config.urls)]
+        share = config.max_inflight / len(config.urls)
+        upstreams = [
+            Upstream(url, i if by_index else 0, capacity=share)
+            for i, url in enumerate(config.urls)
+        ]
         return cls(route, upstreams, headers, config.max_inflight)
 
     @property
@@ -192,6 +197,7 @@ def endpoints_state(upstreams: Sequence[Upstream], max_age_s: float) -> BackendS
     running = [s.running for s in scrapes if s.running is not None]
     waiting = [s.waiting for s in scrapes if s.waiting is not None]
     kv = [s.kv_usage for s in scrapes if s.kv_usage is not None]
+    caps = [u.capacity for u in upstreams]
     return BackendState(
         inflight=sum(u.inflight for u in upstreams),
         prefill_tokens=sum(u.prefill_tokens for u in upstreams),
@@ -202,6 +208,7 @@ def endpoints_state(upstreams: Sequence[Upstream], max_age_s: float) -> BackendS
         waiting=int(sum(waiting)) if waiting else None,
         kv_cache_usage=max(kv) if kv else None,
         others=sum(known) if known else None,
+        capacity=None if None in caps else sum(c for c in caps if c is not None),
     )
 
 
