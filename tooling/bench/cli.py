@@ -38,7 +38,7 @@ from tooling.bench.plan import builtin_names, is_file, parse_list
 from tooling.bench.routes import ROUTE_PREFIX
 from tooling.bench.stats import DYNAMIC
 from tooling.datasets import require as require_dataset
-from tooling.emulator.config import DEFAULT_GPU_PROFILE, add_gpu_arguments
+from tooling.emulator.config import DEFAULT_GPU_PROFILE, add_gpu_arguments, drafter_names
 from tooling.emulator.dynamic import Schedule, schedule_arg
 from tooling.local_stack import EmulatedRoute, pair_members
 
@@ -183,9 +183,16 @@ def options(args: argparse.Namespace, argv: list[str]) -> BenchOptions:
         raise ConfigError("--routes and --with-dynamic: give one of them")
     if args.routes:
         try:
-            names = [r.name for r in emulated_routes(args.routes)]
+            routes = emulated_routes(args.routes)
+            measured = drafter_names(args.gpu_profile)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if unknown := [r.drafter for r in routes if r.drafter and r.drafter not in measured]:
+            raise ConfigError(
+                f"--routes: {', '.join(unknown)}: want none or DRAFTER:K, DRAFTER one the GPU "
+                f"profile measured ({', '.join(measured)})"
+            )
+        names = [r.name for r in routes]
         pairs = [n.strip() for n in (args.pair_with or "").split(",") if n.strip()]
         members = {p: pair_members(p, "none") for p in pairs}
         if bad := [p for p, (a, b) in members.items() if a == b or not {a, b} <= set(names)]:
