@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "deploy" / "cpu" / "fixtures"
 
 
+@pytest.mark.serial  # real-time speedups: a parallel test beside it read creative at 1.19x
 async def test_advise_on_an_outcome_log(
     tmp_path: Path, tokens: TokenCounter, capsys: pytest.CaptureFixture[str]
 ) -> None:
