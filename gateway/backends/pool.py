@@ -97,8 +97,7 @@ class Backend:
         by_index = pairing is Pairing.BY_INDEX
         share = config.max_inflight / len(config.urls)
         upstreams = [
-            Upstream(url, i if by_index else 0, capacity=share)
-            for i, url in enumerate(config.urls)
+            Upstream(url, i if by_index else 0, capacity=share) for i, url in enumerate(config.urls)
         ]
         return cls(route, upstreams, headers, config.max_inflight)
 

@@ -439,7 +439,6 @@ def test_a_trace_id_is_read_only_from_a_well_formed_traceparent() -> None:
     assert trace_id_of({}) is None
 
 
-
 def span_attributes_built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Each time a call's span attributes are built (the URL split, the request's fields)."""
     from gateway.wire import tracing
