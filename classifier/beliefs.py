@@ -23,9 +23,9 @@ from classifier.types import Route
 # A speculative answer shorter than this many tokens per sequence measures its
 # acceptance coarsely (a few steps' worth) and counts proportionally less.
 _FULL_WEIGHT_TOKENS = 32.0
-# A workload no probe measured: acceptance rate 0.5 worth one request, the middle of
+# A workload no probe measured: per-position acceptance 0.5 worth one request, the middle of
 # [0, 1] at the least weight that still gives the posterior a mean.
-_NEUTRAL_RATE, _NEUTRAL_WEIGHT = 0.5, 1.0
+_NEUTRAL_A, _NEUTRAL_WEIGHT = 0.5, 1.0
 # The finer acceptance key's temperature buckets (greedy, low, moderate, high): upper
 # bounds of the first three. 1.0 is where the target samples its own distribution
 # (vLLM's default); 0.05 counts near-greedy settings as greedy.
@@ -176,7 +176,7 @@ class Acceptance:
             belief.prior_mean = sum(probes) / len(probes)
             belief.prior_n, belief.prior_sd = self._probe_weight(), self.spread
         else:  # no probe of this kind: a neutral guess worth one request
-            belief.prior_mean, belief.prior_n = _NEUTRAL_RATE, _NEUTRAL_WEIGHT
+            belief.prior_mean, belief.prior_n = _NEUTRAL_A, _NEUTRAL_WEIGHT
             belief.prior_sd = self._prior_sd
 
     def _probe_weight(self) -> float:
@@ -200,9 +200,8 @@ class Acceptance:
         sd = self._prior_sd
         squares, keys = _BIAS_PRIOR_KEYS * sd**2 / self._probes, _BIAS_PRIOR_KEYS
         spreads, answers = _SPREAD_PRIOR_WEIGHT * sd**2, _SPREAD_PRIOR_WEIGHT
-        probed = {(d, w) for d, w, level in self.beliefs if level < 0 and self.probed(d, w)}
         for (drafter, workload, level), b in self.beliefs.items():
-            if level >= 0 or b.n < _BIAS_MIN_ANSWERS or (drafter, workload) not in probed:
+            if level >= 0 or b.n < _BIAS_MIN_ANSWERS or not self.probed(drafter, workload):
                 continue
             mean, spread = b.answers()
             spread = max(spread, _VARIANCE_FLOOR)
@@ -214,7 +213,7 @@ class Acceptance:
         self.spread = math.sqrt(spreads / answers)
         self.bucket_sd = self._learn_bucket_sd()
         for (drafter, workload, level), b in self.beliefs.items():
-            if level < 0 and (drafter, workload) in probed:
+            if level < 0 and self.probed(drafter, workload):
                 b.prior_n, b.prior_sd = self._probe_weight(), self.spread
 
     def _learn_bucket_sd(self) -> float:
@@ -277,7 +276,7 @@ class Acceptance:
         known = self.beliefs.get((drafter, workload, -1))
         if known is not None:
             return known
-        fresh = AcceptanceBelief(_NEUTRAL_RATE, _NEUTRAL_WEIGHT, self._prior_sd)
+        fresh = AcceptanceBelief(_NEUTRAL_A, _NEUTRAL_WEIGHT, self._prior_sd)
         self.set_prior(fresh, drafter, workload)
         return fresh
 
