@@ -384,11 +384,8 @@ def routed_call(tracing: Tracing | None, life: RequestLife, route: str, url: str
     """A routed request's call to `route`'s server at `url`: a CLIENT span named as
     the inference, the meter's usage and answer on it at the end. Off, no attribute
     is built (it was a tenth of a millisecond per request, for nothing)."""
-    if not _on(tracing):
-        yield Call()
-        return
-    if _sampled_out():
-        yield _unsampled_call()
+    if (spanless := _spanless_call(tracing)) is not None:
+        yield spanless
         return
     attributes = {
         **request_attributes(life.endpoint, life.body),
@@ -403,11 +400,8 @@ def routed_call(tracing: Tracing | None, life: RequestLife, route: str, url: str
 @contextlib.contextmanager
 def passthrough_call(tracing: Tracing | None, method: str, url: str, route: str) -> Iterator[Call]:
     """A passed-through request's call: a CLIENT span named by its method."""
-    if not _on(tracing):
-        yield Call()
-        return
-    if _sampled_out():
-        yield _unsampled_call()
+    if (spanless := _spanless_call(tracing)) is not None:
+        yield spanless
         return
     attributes = {**_url_attributes(method, url), "specroute.route": route}
     with _client_call(tracing, method, attributes, None) as call:
@@ -447,6 +441,15 @@ def shadow_call(
     name = f"shadow {span_name(endpoint, body)}"
     with _client_call(tracing, name, attributes, None, context=root, links=links) as call:
         yield call
+
+
+def _spanless_call(tracing: Tracing | None) -> Call | None:
+    """The call when it makes no span: tracing off, or its trace sampled out."""
+    if not _on(tracing):
+        return Call()
+    if _sampled_out():
+        return _unsampled_call()
+    return None
 
 
 def _sampled_out() -> bool:
