@@ -122,8 +122,8 @@ class Acceptance:
     """The beliefs per drafter, workload and temperature bucket (-1: the workload's), in
     per-position acceptance a: routes that serve one drafter at different k share what
     it learns (EAGLE at k=2 answers for EAGLE at k=6; a route's rho is
-    acceptance_rate(a, its k)); and how far the probes of `profile`, the one in use, sit
-    from the traffic. A drafter is a route's served method, so two draft models of one
+    acceptance_rate(a, its k)); and how far the probes of the profile in use sit from
+    the traffic. A drafter is a route's served method, so two draft models of one
     method share a belief."""
 
     def __init__(
@@ -140,14 +140,12 @@ class Acceptance:
         self._decay = 1.0 - 1.0 / memory
         self.probe_bias = prior_sd / math.sqrt(probe_weight)
         self.spread, self.bucket_sd = prior_sd, prior_sd
-        self.profile = profile
         self._drafters: dict[Route, tuple[str, int]] = {}
         self._probe_a: dict[tuple[str, Workload], list[float]] = {}
         self.use_profile(profile)
 
     def use_profile(self, profile: EngineProfile) -> None:
         """A new profile's probes become each key's prior (what was learned stays)."""
-        self.profile = profile
         self._drafters, self._probe_a = {}, {}
         for measured in profile.routes:
             k = measured.identity.num_speculative_tokens
