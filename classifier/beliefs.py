@@ -139,7 +139,7 @@ class Acceptance:
         self._prior_sd, self._probes, self._model = prior_sd, probe_weight, model
         self._decay = 1.0 - 1.0 / memory
         self.probe_bias = prior_sd / math.sqrt(probe_weight)
-        self.spread, self.bucket_sd = prior_sd, prior_sd
+        self.spread = prior_sd
         self._drafters: dict[Route, tuple[str, int]] = {}
         self._probe_a: dict[tuple[str, Workload], list[float]] = {}
         self.use_profile(profile)
@@ -156,9 +156,8 @@ class Acceptance:
             for workload, (tokens, _) in measured.tokens_per_step.items():
                 a = alpha_from_rate(min(1.0, max(0.0, (tokens - 1.0) / k)), k)
                 self._probe_a.setdefault((drafter, workload), []).append(a)
-        for (drafter, workload, level), belief in self.beliefs.items():
-            if level < 0:  # a bucket keeps the prior it borrowed
-                self.set_prior(belief, drafter, workload)
+        for (drafter, workload, _), belief in self.beliefs.items():
+            self.set_prior(belief, drafter, workload)
         self.learn_probe_bias()
 
     def drafter(self, route: Route) -> tuple[str, int] | None:
@@ -209,36 +208,15 @@ class Acceptance:
             answers += b.n
         self.probe_bias = math.sqrt(max(squares / keys, _VARIANCE_FLOOR))
         self.spread = math.sqrt(spreads / answers)
-        self.bucket_sd = self._learn_bucket_sd()
-        for (drafter, workload, level), b in self.beliefs.items():
-            if level < 0 and self.probed(drafter, workload):
+        for (drafter, workload, _), b in self.beliefs.items():
+            if self.probed(drafter, workload):
                 b.prior_n, b.prior_sd = self._probe_weight(), self.spread
-
-    def _learn_bucket_sd(self) -> float:
-        """How far a temperature bucket's mean sits from its workload's, learned across
-        the buckets with answers as the probes' bias is: each measures it once, (its
-        answers' mean - the workload's)^2 less its own sampling variance; the configured
-        prior_sd counts as one bucket. A bucket with no answers borrows its workload's
-        mean at this much more uncertainty: text-to-SQL that the markers call chat at
-        T=0 must not inherit the certainty chat at T=0.8 taught (issue 52)."""
-        squares, buckets = self._prior_sd**2, 1.0
-        for (drafter, workload, level), b in self.beliefs.items():
-            if level < 0 or b.n < _BIAS_MIN_ANSWERS:
-                continue
-            whole = self.beliefs.get((drafter, workload, -1))
-            if whole is None or whole.n <= b.n:  # one bucket is its workload: no distance
-                continue
-            mean, spread = b.answers()
-            squares += (mean - whole.answers()[0]) ** 2 - max(spread, _VARIANCE_FLOOR) / b.n
-            buckets += 1
-        return math.sqrt(max(squares / buckets, _VARIANCE_FLOOR))
 
     def belief_for(self, route: Route, f: RequestFeatures) -> AcceptanceBelief | None:
         """The request's a on `route` (None: the route does not speculate): the finer
-        key's belief if it has any data, else the workload's, borrowed at bucket_sd more
-        uncertainty; a workload not measured yet takes the offline model's prediction
-        for this very request (`specroute train` on the outcome log) as its prior mean,
-        where one is given."""
+        key's belief if it has any data, else the workload's; a workload not measured
+        yet takes the offline model's prediction for this very request (`specroute
+        train` on the outcome log) as its prior mean, where one is given."""
         known = self._drafters.get(route)
         if known is None:
             return None
@@ -248,13 +226,8 @@ class Acceptance:
             return fine
         belief = self._workload(drafter, f.workload)
         if self._model is None or belief.n > 0:
-            return self._borrowed(belief)
+            return belief
         return AcceptanceBelief(self._model.predict(f), self._probes, self._prior_sd)
-
-    def _borrowed(self, whole: AcceptanceBelief) -> AcceptanceBelief:
-        """A bucket's prior: its workload's mean, as unsure as that mean plus the
-        learned distance between a workload's buckets (worth one request)."""
-        return AcceptanceBelief(whole.mean, 1.0, math.hypot(whole.sd, self.bucket_sd))
 
     def rate(self, route: Route, f: RequestFeatures) -> float:
         """The request's mean acceptance rate rho on `route` (0 without speculation)."""
@@ -291,7 +264,9 @@ class Acceptance:
             belief = self.beliefs.get(key)
             if belief is None:
                 belief = self.beliefs[key] = self._workload(drafter, f.workload)
-                if key[2] >= 0:  # the finer key starts from its workload's, borrowed
-                    belief = self.beliefs[key] = self._borrowed(belief)
+                if key[2] >= 0:  # the finer key starts from its workload's mean
+                    belief = self.beliefs[key] = AcceptanceBelief(
+                        belief.mean, belief.prior_n, belief.prior_sd
+                    )
             belief.observe(a, weight, self._decay)
         self.learn_probe_bias()
