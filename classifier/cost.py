@@ -62,7 +62,8 @@ class Learned:
 def prior_profile(routes: Sequence[RouteSpec] = TWO_ROUTES) -> EngineProfile:
     """What the router assumes before the profile is in, labelled "prior" so every
     decision made on it says "unprofiled": the talk's 8B target on the measured H200
-    (the _PRIOR_* figures), each speculative step x (1 + k*c), one shared GPU."""
+    (the _PRIOR_* figures), each speculative step x (1 + k*c), the routes of a device
+    (as configured; none said: one) time-sliced on it."""
     batches = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
     base_step = tuple(_PRIOR_STEP_S + _PRIOR_STEP_PER_SEQ_S * b for b in batches)
     longest = 4096.0
@@ -74,7 +75,7 @@ def prior_profile(routes: Sequence[RouteSpec] = TWO_ROUTES) -> EngineProfile:
         prefill = 1.0 + spec.draft_cost_ratio
         return RouteProfile(
             name=spec.name.value,
-            identity=ServerIdentity("", "", "unknown", spec.method, spec.k),
+            identity=ServerIdentity("", "", "unknown", spec.method, spec.k, device=spec.device),
             ttft=Curve(
                 (1.0, longest),
                 tuple(

@@ -83,13 +83,15 @@ class RouteSpec:
     method: vLLM's speculative method ("ngram", "eagle", "eagle3", "draft_model",
     "mtp", ...; "none" without speculation); k: its num_speculative_tokens (0: none);
     draft_cost_ratio: one draft token's cost over one target step, used only by the
-    built-in prior before the profile measures the route.
+    built-in prior before the profile measures the route; device: the device its server
+    runs on as configured ("": not said, every route shares one).
     """
 
     name: Route
     k: int = 0
     method: str = "none"
     draft_cost_ratio: float = 0.0
+    device: str = ""
 
     def __post_init__(self) -> None:
         if not ROUTE_NAME.match(self.name):

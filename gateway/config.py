@@ -136,7 +136,8 @@ class RouteConfig(BackendConfig):
 
     def spec(self, name: Route) -> RouteSpec:
         """What a policy knows of this route before its profile."""
-        return RouteSpec(name, self.num_speculative_tokens, self.method, self.draft_cost_ratio)
+        k, method, cost = self.num_speculative_tokens, self.method, self.draft_cost_ratio
+        return RouteSpec(name, k, method, cost, self.device)
 
 
 class Pairing(enum.StrEnum):

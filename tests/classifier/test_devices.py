@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from classifier.cost import prior_profile
 from classifier.features import Workload
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
@@ -116,3 +117,22 @@ def test_routes_on_one_device_still_consolidate_when_another_device_exists() -> 
     )
     decision = policy(dear).decide(CHAT, state(NONE))
     assert decision.route in (NONE, K2) and decision.reason == "consolidate"
+
+
+def test_on_the_built_in_prior_the_configured_devices_count() -> None:
+    # Before the profile is in, the prior said one shared GPU whatever the operator had
+    # configured: the chaos run's two emulated servers (a GPU each) were priced as
+    # time-sliced, and a probe joined the baseline's batch of 23 while the speculative
+    # server ran 4 (4.1x its unloaded first token).
+    routes = [RouteSpec(NONE, device="core1"), RouteSpec(K4, 4, "ngram", device="core0")]
+    assert prior_profile(routes).devices() == (("none",), ("ngram-k4",))
+    one = [replace(r, device="") for r in routes]
+    assert prior_profile(one).devices() == (("none", "ngram-k4"),)
+    busy = LiveState(
+        {NONE: BackendState(inflight=20, mix=((Workload.CHAT, 20),)), K4: BackendState()}
+    )
+    split = ProfiledPolicy(RouterConfig(), routes=routes).decide(CHAT, busy)
+    assert split.reason == "unprofiled" and split.why is not None
+    assert not split.why.get("followers_s")
+    shared = ProfiledPolicy(RouterConfig(), routes=one).decide(CHAT, busy)
+    assert shared.why is not None and shared.why.get("followers_s")
