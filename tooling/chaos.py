@@ -111,20 +111,29 @@ class EmulatedBackend:
 
 
 def gateway_config(backends: dict[Route, EmulatedBackend], **upstream: float | int) -> Config:
-    """The gateway in front of the two processes, as deployed (cost model, one GPU), with
-    bodies up to 8 MiB accepted (the flood sends 4 MB ones) and each backend's admission
-    limit at its engine's max_num_seqs, as config.toml asks an operator to set it."""
+    """The gateway in front of the two processes, as deployed (cost model), with bodies up
+    to 8 MiB accepted (the flood sends 4 MB ones) and each backend's admission limit at its
+    engine's max_num_seqs, as config.toml asks an operator to set it. Each process is an
+    emulated GPU of its own (neither slows the other), so each route names its own device:
+    told they share one, the gateway would consolidate the batch on one server, and the
+    other's free slots would be the wrong belief's, not a routing choice."""
     spec, base = backends[Route.SPECULATIVE], backends[Route.BASELINE]
     return parse_config(
         {
-            "backends": {
+            "routes": {
                 "speculative": {
                     "urls": [spec.url],
+                    "method": "draft_model",
                     "num_speculative_tokens": SPEC_K,
                     "draft_cost_ratio": SPEC_DRAFT_COST,
                     "max_inflight": spec.max_num_seqs,
+                    "device": "emulated-gpu-speculative",
                 },
-                "baseline": {"urls": [base.url], "max_inflight": base.max_num_seqs},
+                "baseline": {
+                    "urls": [base.url],
+                    "max_inflight": base.max_num_seqs,
+                    "device": "emulated-gpu-baseline",
+                },
             },
             "server": {"max_body_bytes": 8 * 1024 * 1024},
             "upstream": upstream,
@@ -197,6 +206,9 @@ class Event:
     started: float
     ended: float = math.inf
     note: str = ""
+    # When all its requests were in (a saturation: the last stream's answer headers, so
+    # the gateway had counted it); until then a request sent beside them raced them.
+    filled: float | None = None
 
 
 @dataclass
@@ -216,10 +228,15 @@ class Timeline:
             for e in self.events
         )
 
-    def began(self, name: str, route: Route, start: float, end: float) -> bool:
-        """An event `name` on `route` began within (start, end]."""
+    def arrived(self, name: str, route: Route, start: float, end: float) -> bool:
+        """An event `name` on `route` arrived within (start, end]: it began by `end` and
+        was not all in yet at `start` (its start, where it has no fill time)."""
         return any(
-            e.name == name and e.route == route and start < e.started <= end for e in self.events
+            e.name == name
+            and e.route == route
+            and e.started <= end
+            and start < (e.started if e.filled is None else e.filled)
+            for e in self.events
         )
 
     def during(self, name: str, t: float) -> bool:
@@ -591,6 +608,7 @@ class Chaos:
                 return resp
 
             opened = await asyncio.gather(*(open_one() for _ in range(backend.max_num_seqs)))
+            event.filled = time.monotonic()
             await asyncio.sleep(hold_s)
             now = time.monotonic()
             for item in opened:
@@ -714,9 +732,11 @@ def _wait_counts(s: Sent, timeline: Timeline, watch: Watch) -> bool:
     gateway's next probe readmits it, and a probe sent then met the one server carrying
     everything (on the emulator's measured H200, 40 running and a prefill wave: 6-7x a
     50 ms first token, whichever router). Nor a probe its server's saturation overtook:
-    sent before the saturation began, it was still waiting for its first token when 40
-    streams arrived beside it (on a busy 2-core run, 2.08x, sent at the saturation's
-    start, where no router could have known). Nor a probe the gateway moved off its
+    sent before the saturation's 40 streams were all in, it was still waiting for its
+    first token when they arrived beside it, where no router could have known (on a
+    busy 2-core run, 2.08x, sent at the saturation's start; and 2.53x, sent 0.1 s into
+    it while the streams were still being opened, the baseline's engine at 15 running).
+    Nor a probe the gateway moved off its
     choice (x-specroute-failover): its first choice was at the gateway's admission limit
     (max_inflight, the engine's max_num_seqs here: the saturation holds every slot of
     it through the gateway, while the engines' own count can read one below) or failed,
@@ -729,7 +749,7 @@ def _wait_counts(s: Sent, timeline: Timeline, watch: Watch) -> bool:
         and s.failover_from is None
         and watch.room_at(_other(s.route), s.started)
         and not timeline.hit("stall", s.route, s.started, s.ended)
-        and not timeline.began("saturate", s.route, s.started, first_token(s))
+        and not timeline.arrived("saturate", s.route, s.started, first_token(s))
     )
 
 
