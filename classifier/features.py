@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from classifier.targets import LatencyTargets
 from classifier.tokens import TokenCounter
 
 __all__ = ["Endpoint", "FeatureOptions", "RequestFeatures", "Workload", "extract_features"]
@@ -75,6 +76,10 @@ class RequestFeatures:
     n: int
     code_like: bool
     workload: Workload
+    # The request's latency targets (its llm-d SLO headers, or its model's configured
+    # default; classifier/targets.py): None, the cheapest route as before. Not from the
+    # body: the gateway sets it after extract_features.
+    targets: LatencyTargets | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,6 +253,18 @@ class ShadowConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LatencyTargetConfig:
+    """[latency_targets.MODEL]: the latency targets of the requests for MODEL (their
+    `model`; "*": every model without a table of its own) that send none. A request's
+    x-llm-d-slo-ttft-ms and x-llm-d-slo-tpot-ms headers replace them, each its own."""
+
+    # Time to the first token, in ms. Measured on streamed requests only.
+    ttft_ms: float | None = None
+    # Time per output token after the first, in ms. Measured on streamed requests only.
+    tpot_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LoggingConfig:
     level: str = "info"
 
@@ -272,6 +284,8 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     ui: UiConfig = field(default_factory=UiConfig)
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
+    # Latency targets per model, for requests that send no SLO header (docs/api.md).
+    latency_targets: Mapping[str, LatencyTargetConfig] = field(default_factory=dict)
 
     @property
     def route_specs(self) -> tuple[RouteSpec, ...]:
@@ -332,6 +346,9 @@ class _Range:
 
 
 _SHARE, _DRAFT, _AT_LEAST_0, _AT_LEAST_1 = _Range(0, 1), _Range(0, 10), _Range(0), _Range(1)
+# A latency target in ms: above 0, at most an hour (the headers' bound too).
+MAX_TARGET_MS = 3_600_000.0
+_TARGET_MS = _Range(0, MAX_TARGET_MS, low_open=True)
 # Tables are found by their class or a base class (RouterConfig's bounds are its own
 # __post_init__'s, stated here for the schema).
 _BOUNDS: dict[type[Any], dict[str, _Range]] = {
@@ -358,6 +375,7 @@ _BOUNDS: dict[type[Any], dict[str, _Range]] = {
     OutcomeLogConfig: {"backups": _AT_LEAST_0},
     RecordConfig: {"backups": _AT_LEAST_0, "sample_rate": _Range(0, 1, low_open=True)},
     ShadowConfig: {"share": _SHARE, "max_inflight": _AT_LEAST_1},
+    LatencyTargetConfig: {"ttft_ms": _TARGET_MS, "tpot_ms": _TARGET_MS},
 }
 
 
@@ -633,6 +651,8 @@ def _table_problems(obj: Any, path: str) -> Iterator[str]:
             )
     if isinstance(obj, OutcomeLogConfig) and obj.path:
         yield from _log_path_problems(key("path"), obj.path)
+    if isinstance(obj, LatencyTargetConfig) and obj.ttft_ms is None and obj.tpot_ms is None:
+        yield f"[{path}] sets no target: want ttft_ms, tpot_ms or both"
 
 
 def _log_path_problems(key: str, path: str) -> Iterator[str]:
@@ -723,6 +743,10 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
         built_items: dict[str, Any] = {}
         failed = False
         for name, table in value.items():
+            if not name:
+                problems.append(f"{key}: a table's name cannot be empty")
+                failed = True
+                continue
             try:
                 built_items[str(name)] = _convert(item, table, _join(key, str(name)), problems)
             except _Reported:
@@ -913,6 +937,7 @@ _SPECULATES = {"num_speculative_tokens": {"minimum": 1}, "method": {"not": {"con
 # The checks between keys of one table that the schema can state (a speculating route
 # and one that is not; the two ways of naming the servers), beside the key-by-key ones.
 _ACROSS_KEYS: dict[type[Any], dict[str, Any]] = {
+    LatencyTargetConfig: {"minProperties": 1},
     SpeculativeBackendConfig: {"allOf": [{"properties": {"method": _SPECULATES["method"]}}]},
     RouteConfig: {
         "anyOf": [
@@ -946,10 +971,11 @@ def _type_schema(hint: Any) -> dict[str, Any]:
         return _object_schema(typing.cast(type[Any], hint))
     origin = typing.get_origin(hint)
     if origin is Mapping:
-        _, item = typing.get_args(hint)
+        name, item = typing.get_args(hint)
+        keys = {"pattern": schema_pattern(_ROUTE)} if name is Route else {"minLength": 1}
         return {
             "type": "object",
-            "propertyNames": {"pattern": schema_pattern(_ROUTE)},
+            "propertyNames": keys,
             "additionalProperties": _type_schema(item),
         }
     if origin is typing.Literal:

@@ -43,6 +43,8 @@ RELOADABLE = (
     "routing.tuning",
     # read by the page's handler on every request
     "ui",
+    # read from the request's snapshot: its default latency targets
+    "latency_targets",
     # the gateway's keys: re-read (a reload is how they are rotated)
     "auth",
     # process-wide: serve.reload applies it

@@ -154,6 +154,14 @@ class Metrics:
             buckets=_TPOT_BUCKETS,
             registry=r,
         )
+        self.slo = _Counter(
+            "specroute_slo_requests",
+            "Answered requests with a latency target (llm-d's SLO headers or the model's "
+            "default), per target (ttft, tpot) and outcome: met, missed, or unmeasured (a "
+            "whole answer: the gateway sees no first token).",
+            ["route", "workload", "target", "outcome"],
+            registry=r,
+        )
         self.output_tokens = _Counter(
             "specroute_output_tokens",
             "Completion tokens reported by the backends.",

@@ -35,6 +35,7 @@ from gateway.api.stats import route_list
 from gateway.backends.models import ModelFilter
 from gateway.config import Config
 from gateway.request.pipeline import live_state, read_and_analyse, steer_to_model
+from gateway.request.targets import with_targets
 from gateway.state import BACKENDS, RUNTIME
 
 
@@ -51,10 +52,11 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     snapshot = app[RUNTIME].current
     config = snapshot.config
     _, body, features = await read_and_analyse(request, endpoint, config)
+    features = with_targets(features, request.headers, body, config)
     served = ModelFilter.of(app[BACKENDS], body)  # routes without its model: unavailable
     pair, state = live_state(app, served)  # as a request would be: the pair, then the route
     decision = steer_to_model(
-        preview(snapshot.policy, features, state, pair), served, config.routes
+        preview(snapshot.policy, features, state), served, config.routes
     )
     over = reference(config)
     return web.json_response(
@@ -83,10 +85,10 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     )
 
 
-def preview(policy: Policy, features: RequestFeatures, state: LiveState, pair: int = 0) -> Decision:
-    """policy.decide(features, state, pair) as a request would get it, without a draw
+def preview(policy: Policy, features: RequestFeatures, state: LiveState) -> Decision:
+    """policy.decide(features, state) as a request would get it, without a draw
     (the posterior mean's answer). decide() is pure for every policy: nothing to copy."""
-    return policy.decide(features, state, pair)
+    return policy.decide(features, state)
 
 
 def reference(config: Config) -> Route | None:

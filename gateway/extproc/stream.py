@@ -43,6 +43,7 @@ from gateway.request.dispatch import (
     PREDICTED_HEADER,
     REASON_HEADER,
     ROUTE_HEADER,
+    SLO_HEADER,
     Routed,
     admit,
 )
@@ -55,6 +56,8 @@ from gateway.request.pipeline import (
     settle,
     steer_to_model,
 )
+from gateway.request.targets import predicted_header as slo_header
+from gateway.request.targets import with_targets
 from gateway.state import BACKENDS, BIG_BODIES, RNG, RUNTIME, SHADOWS, TOKENS
 from gateway.wire.failures import upstream_failure
 from gateway.wire.life import STREAM_RESET, RequestLife
@@ -193,11 +196,12 @@ class PickerStream:
     async def _decide(self, life: RequestLife, raw: bytes) -> list[pb.ProcessingResponse]:
         app, config = self.app, self.snapshot.config
         body, features = await self._analyse(raw, life.endpoint)
+        features = with_targets(features, self._headers, body, config)
         served = ModelFilter.of(app[BACKENDS], body)  # no route has the model: vLLM's 404
         pair, state = live_state(app, served)
         forced = route_override(self._headers.get(ROUTE_HEADER), config)
         decision = forced or steer_to_model(
-            self.snapshot.policy.decide(features, state, pair, app[RNG]), served, config.routes
+            self.snapshot.policy.decide(features, state, app[RNG]), served, config.routes
         )
         life.decided(body, features, decision, state, pair)
         sent, strip = ask_for_usage(body, raw, life.endpoint)
@@ -221,6 +225,8 @@ class PickerStream:
             "x-request-id": life.request_id,
             **({PREDICTED_HEADER: predicted} if predicted else {}),
         }
+        if (slo := slo_header(features, decision)) is not None:
+            self._answer_headers[SLO_HEADER] = slo
         to_backend = {"x-request-id": life.request_id, **pool.of(route).headers}
         metadata = None
         if self.mode is Mode.POOL:

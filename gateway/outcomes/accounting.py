@@ -37,6 +37,8 @@ def count_request(metrics: Metrics, record: RequestRecord) -> None:
         metrics.ttft.labels(route, workload).observe(record.ttft_s)
     if (tpot := record.tpot_s) is not None:
         metrics.tpot.labels(route, workload).observe(tpot)
+    for target, outcome in (record.slo or {}).items():
+        metrics.slo.labels(route, workload, target, outcome).inc()
 
 
 def log_request(record: RequestRecord) -> None:
@@ -63,6 +65,7 @@ def log_request(record: RequestRecord) -> None:
         ttft_s=rounded(record.ttft_s),
         tpot_s=rounded(record.tpot_s),
         duration_s=rounded(record.duration_s),
+        slo=record.slo,
         why=dict(record.decision.why) if record.decision and record.decision.why else None,
     )
 

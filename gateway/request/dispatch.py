@@ -48,6 +48,8 @@ ROUTE_HEADER = "x-specroute-route"
 REASON_HEADER = "x-specroute-reason"
 FAILOVER_HEADER = "x-specroute-failover"
 PREDICTED_HEADER = "x-specroute-predicted"
+# Whether the route was predicted to meet the request's latency targets (request/targets.py).
+SLO_HEADER = "x-specroute-slo-predicted"
 _ATTEMPTS = 3
 _RELAY_FAILURES = (*ANSWER_FAILURES, "http_5xx")
 # The endpoint that answered: the handler remembers it as a stored response's maker.
@@ -71,6 +73,8 @@ class Routed:
     # The other routes in the order the decision ranked them (its predictions, cheapest
     # first; without predictions, the configuration's order): where a failover goes.
     alternatives: tuple[Route, ...] = ()
+    # Whether its route was predicted to meet its latency targets (None: it has none).
+    slo: str | None = None
 
 
 def alternatives(decision: Decision, routes: Iterable[Route]) -> tuple[Route, ...]:
@@ -168,6 +172,8 @@ async def _attempt(
         headers[FAILOVER_HEADER] = life.failover_from.value
     if routed.predicted is not None:
         headers[PREDICTED_HEADER] = routed.predicted
+    if routed.slo is not None:
+        headers[SLO_HEADER] = routed.slo
     app[SHADOWS].user_arrived(upstream)  # a shadow there gives way now
     tracked = pool.track(backend, upstream, routed.prefill_tokens, life.features)
     url = upstream.url + request.path

@@ -29,6 +29,8 @@ from gateway.outcomes.learning import learn, predicted_header
 from gateway.outcomes.outcome_log import outcome_line
 from gateway.request import responses
 from gateway.request.dispatch import ANSWERED_BY, ROUTE_HEADER, Routed, alternatives, dispatch
+from gateway.request.targets import predicted_header as slo_header
+from gateway.request.targets import with_targets
 from gateway.runtime import Snapshot
 from gateway.state import (
     BACKENDS,
@@ -72,6 +74,7 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
         if app[RUNTIME].draining:
             raise draining()
         raw, body, features = await read_and_analyse(request, endpoint, config)
+        features = with_targets(features, request.headers, body, config)
         # The recorder's redaction knows chat and completions prompts, not `input`.
         recorder = app.get(RECORDER) if endpoint is not Endpoint.RESPONSES else None
         if recorder is not None:
@@ -87,7 +90,7 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
             headers = request.headers
             forced = route_override(headers.get(ROUTE_HEADER), config, headers.get(CLIENT_HEADER))
             decision = forced or steer_to_model(
-                snapshot.policy.decide(features, state, pair, app[RNG]), served, config.routes
+                snapshot.policy.decide(features, state, app[RNG]), served, config.routes
             )
         life.decided(body, features, decision, state, pair)
         raw, strip_usage = ask_for_usage(body, raw, endpoint)
@@ -105,6 +108,7 @@ async def generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
                 responses.read_events if endpoint is Endpoint.RESPONSES else read_chat_events
             ),
             alternatives=failover_routes(decision, served, config.routes),
+            slo=slo_header(features, decision),
         )
         answer = await dispatch(request, routed, life, config)
         if endpoint is Endpoint.RESPONSES and (answered_by := request.get(ANSWERED_BY)):

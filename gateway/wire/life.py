@@ -211,6 +211,25 @@ class RequestRecord:
         return (self.duration_s - self.ttft_s) / (self.completion_tokens - 1)
 
     @property
+    def slo(self) -> dict[str, str] | None:
+        """Per latency target the request had (features.targets): "met", "missed", or
+        "unmeasured" (a whole answer shows no first token; one token has no TPOT). None:
+        no target, or no answer (not 2xx)."""
+        features = self.features
+        if features is None or features.targets is None or self.status != "2xx":
+            return None
+        targets, out = features.targets, {}
+        for name, target, measured in (
+            ("ttft", targets.ttft_s, self.ttft_s),
+            ("tpot", targets.tpot_s, self.tpot_s),
+        ):
+            if target is not None:
+                out[name] = (
+                    "unmeasured" if measured is None else "met" if measured <= target else "missed"
+                )
+        return out
+
+    @property
     def lesson(self) -> Lesson | None:
         """What a learning policy may take from this request: only a complete answer."""
         if self.features is None or self.state is None or self.route is None:

@@ -34,6 +34,7 @@ from gateway import serve
 from gateway.config import (
     Config,
     ConfigError,
+    LatencyTargetConfig,
     LoggingConfig,
     RouteConfig,
     load_config,
@@ -86,6 +87,7 @@ def other_value(key: str, value: object, tmp_path: Path) -> object:
         "auth.api_keys_env": "RELOAD_TEST_KEYS",
         "auth.metrics_token_env": "RELOAD_TEST_TOKEN",
         "auth.api_keys_file": str(keys_file(tmp_path)),
+        "latency_targets": {"m": LatencyTargetConfig(ttft_ms=200.0)},
     }
     if key in special:
         return special[key]
