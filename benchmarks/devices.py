@@ -87,16 +87,12 @@ class Watched(ProfiledPolicy):
     decisions = both = 0
 
     def decide(
-        self,
-        features: RequestFeatures,
-        state: LiveState,
-        pair: int = 0,
-        rng: random.Random | None = None,
+        self, features: RequestFeatures, state: LiveState, rng: random.Random | None = None
     ) -> Decision:
         busy = {DEVICES[r] for r, b in state.servers.items() if b.inflight > 0}
         self.decisions += 1
         self.both += len(busy) == len(GPUS)
-        return super().decide(features, state, pair, rng)
+        return super().decide(features, state, rng)
 
 
 def watched(devices: dict[Route, str] | None) -> Watched:

@@ -183,7 +183,7 @@ def decision_cost(samples: int) -> list[tuple[str, float, float]]:
             body = {"messages": [{"role": "user", "content": text}], "temperature": 0}
             t = time.perf_counter()
             features = extract_features(body, Endpoint.CHAT, counter)
-            policy.decide(features, state, 0, rng)
+            policy.decide(features, state, rng)
             times.append(time.perf_counter() - t)
         rows.append((label, pct(times, 0.5) * 1e6, pct(times, 0.99) * 1e6))
     return rows

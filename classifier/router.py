@@ -1,55 +1,25 @@
 """ProfiledPolicy: the engine's costs from a profile, acceptance from the traffic, one rule.
 
-What belongs to the machine is measured once (classifier/profile.py: time to
-first token per prompt length, the step per batch size, how much a neighbour's
-step slows one's own); what belongs to the traffic is learned online: the
-acceptance per workload, as a posterior with its uncertainty, the answers'
-lengths, each route's failures, and a slow drift of each route's decode time
-against its profile. One route's costs are never guessed from another's.
+What belongs to the machine is measured once (classifier/profile.py); what belongs to
+the traffic is learned online: acceptance per drafter and workload, as a posterior
+(classifier/beliefs.py), the answers' lengths, each route's failures, and a slow drift
+of each route's decode time against its profile (classifier/drift.py). One route's
+costs are never guessed from another's. The formulas: docs/decision.md.
 
-    e2e_r = queue_r + ttft_r(prompt + prefill ahead)
-          + (n_out - 1) / tau_r * step_r(b_r + n) * drift_r * slowdown_r
-    tau   = 1 + k * rho       (1 without speculation)
-    slowdown_r = 1 + (busy neighbours on r's device) * (beside_r - 1)
-
-The prices are in classifier/cost.py, acceptance in classifier/beliefs.py, the drift in
-classifier/drift.py, the state kept over a restart in classifier/persistence.py.
-
-One cost model at every load, in stages (the Inference Extension's scheduler):
-filters (the guards, kv-pressure and spec-busy, then health), one scorer, a picker.
-A route's cost is what sending the request there adds to the time of every
-request in the system:
-
-    cost_r = e2e_r                  its own time, its neighbours' slicing included
-           + grown_r + sliced_r     the steps it adds to r's batch, and the time its
-                                    device's busy neighbours lose to r's steps
-           + fail_r * retry_r       a failed answer is answered again elsewhere
-           + followers_r            on a time-sliced device: the requests that arrive
-                                    before the device next empties join the server
-                                    it starts (e^L - 1 of them at load L), each
-                                    paying the mix's time there over the cheapest
-                                    carrier's (cost.followers)
-
-An idle neighbour costs nothing to share with; a busy one makes a split cost its
-batch; at light load almost nobody follows, so each request goes where it is
-fastest, and at moderate load the followers decide where the batch lives
-("consolidate" when they changed the route). The picker takes the cheapest, or
-with the caller's rng a Thompson draw of rho from its posterior ("explore" when
-the draw changed the route), never onto a route whose cost is more than
-explore_max_regret above the best.
-
-decide() reads and never writes: the same inputs and rng state give the same
-decision, /decide calls it without copying anything, and without an rng it is
-the posterior mean's decision. learn() is the only writer. Every decision
-carries `why`: both predictions, the acceptance used, the rule that decided,
-for the request's log line, its headers and /decide.
+decide() is the Inference Extension scheduler's stages: the filters
+(classifier/filters.py: guards, health), one scorer (classifier/cost.py: price, the
+request's cost to every request in the system, plus its followers') and the picker
+(classifier/picker.py: the cheapest, or a Thompson draw within explore_max_regret).
+It reads and never writes: the same inputs and rng state give the same decision, and
+without an rng it is the posterior mean's. learn() and its siblings are the only
+writers; what survives a restart is classifier/persistence.py's.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -66,35 +36,18 @@ from classifier.cost import (
 )
 from classifier.drift import Drift
 from classifier.features import RequestFeatures, Workload
+from classifier.filters import Candidates, candidates
 from classifier.guards import DEFAULT_GUARDS, GuardsConfig
 from classifier.output_length import OutputLengthModel
 from classifier.persistence import LearnedState, dump_state, parse_state
+from classifier.picker import PROFILED_REASONS, cheapest, thompson
 from classifier.profile import EngineProfile
 from classifier.speculation import acceptance_rate
 from classifier.traffic import Traffic
 from classifier.types import TWO_ROUTES, Decision, FinishedRequest, LiveState, Route, RouteSpec
 
-__all__ = [
-    "PROFILED_REASONS",
-    "PredictionErrors",
-    "ProfiledPolicy",
-    "RouterConfig",
-    "prior_profile",
-]
+__all__ = ["PROFILED_REASONS", "PredictionErrors", "ProfiledPolicy", "RouterConfig"]
 
-PROFILED_REASONS = (
-    "kv-pressure",
-    "spec-busy",
-    "spec-predicted-faster",
-    "baseline-predicted-faster",
-    "consolidate",
-    "explore",
-    "unprofiled",
-    "unhealthy-fallback",
-)
-# The reason a cost decision names, by whether the cheaper route speculates (a label of
-# low cardinality whatever the number of routes; the route itself is another label).
-_FASTER = {True: "spec-predicted-faster", False: "baseline-predicted-faster"}
 # A route's failure rate per workload starts from one success: no route is written off
 # by its first failure.
 _FAILURE_PRIOR_SUCCESSES = 1.0
@@ -262,87 +215,60 @@ class ProfiledPolicy:
     # ---- deciding (reads only) ---------------------------------------------------------
 
     def decide(
-        self,
-        features: RequestFeatures,
-        state: LiveState,
-        pair: int = 0,
-        rng: random.Random | None = None,
+        self, features: RequestFeatures, state: LiveState, rng: random.Random | None = None
     ) -> Decision:
-        """The route within `pair`; with `rng`, acceptance drawn from its posterior."""
-        profile = self._active()
-        learned = self._learned()
-        routes = routes_of(profile)
-        speculating = [r for r in routes if route_of(profile, r).speculative]
-        beliefs = {
-            r: (b, route_of(profile, r).identity.num_speculative_tokens)
-            for r in speculating
-            if (b := self._acceptance.belief_for(r, features)) is not None
-        }
+        """The route; with `rng`, acceptance drawn from its posterior."""
+        profile, learned = self._active(), self._learned()
+        left = candidates(profile, state, self._guards)
+        beliefs = self._beliefs(left, features)
         rho = {r: acceptance_rate(b.mean, k) for r, (b, k) in beliefs.items()}
         predicted = {
-            r: price(profile, features, state, r, rho.get(r, 0.0), learned) for r in routes
+            r: price(profile, features, state, r, rho.get(r, 0.0), learned) for r in left.routes
         }
-        why: dict[str, Any] = {
-            "profile": profile.source,
-            "acceptance": {r.value: round(v, 4) for r, v in rho.items()},
-            "alpha": {r.value: round(b.mean, 4) for r, (b, _) in beliefs.items()},
-            "alpha_sd": {r.value: round(b.sd, 4) for r, (b, _) in beliefs.items()},
-            "probe_bias_sd": round(self._acceptance.probe_bias, 4),
-        }
-        priced = profile.source != "prior"
-        lightest = min((state.of(r).load for r in routes if r not in speculating), default=None)
-        guards = {
-            r: reason
-            for r in speculating
-            if (
-                reason := self._guards.reason(
-                    state.of(r), batch_priced=priced, lightest_other=lightest
-                )
-            )
-            is not None
-        }
-        allowed = [r for r in routes if r not in guards] or list(routes)
-        healthy = [r for r in allowed if state.of(r).healthy] or [
-            r for r in routes if state.of(r).healthy
-        ]
         lead = followers(profile, features, state, predicted, learned)
-        cost = {r: predicted[r].cost_s + lead.get(r, 0.0) for r in routes}
-        choice = healthy or allowed
-        route = min(choice, key=cost.__getitem__)
-        if guards and not any(r in choice for r in speculating):
-            reason, rule = next(iter(guards.values())), "guard"
-        elif not state.of(min(allowed, key=cost.__getitem__)).healthy:
-            reason, rule = "unhealthy-fallback", "unhealthy"
-        elif route != min(choice, key=lambda r: predicted[r].cost_s):
-            reason, rule = "consolidate", "followers"
-        else:
-            reason, rule = _FASTER[route in speculating], "smaller-cost"
-        if rng is not None and rule in ("smaller-cost", "followers") and len(choice) > 1:
+        cost = {r: predicted[r].cost_s + lead.get(r, 0.0) for r in left.routes}
+        pick = cheapest(left, cost, {r: p.cost_s for r, p in predicted.items()}, state)
+        drawn: dict[Route, float] | None = None
+        if rng is not None and pick.explorable and len(left.choice) > 1:
             drawn = {r: acceptance_rate(b.sample(rng), k) for r, (b, k) in beliefs.items()}
             sampled = {
                 r: price(profile, features, state, r, drawn.get(r, 0.0), learned).cost_s
                 + lead.get(r, 0.0)
-                for r in choice
+                for r in left.choice
             }
-            pick = min(choice, key=sampled.__getitem__)
-            limit = (1.0 + self._config.explore_max_regret) * cost[route]
-            why["acceptance_drawn"] = {r.value: round(v, 4) for r, v in drawn.items()}
-            if pick != route and cost[pick] <= limit:
-                route, reason, rule = pick, "explore", "thompson-draw"
-        if profile.source == "prior" and rule not in ("guard", "unhealthy"):
-            reason = "unprofiled"
-        why["rule"] = rule
-        if guards:
-            why["spared"] = {r.value: g for r, g in guards.items()}
-        why["cost_s"] = {r.value: round(p.cost_s, 6) for r, p in predicted.items()}
-        if lead:
-            why["followers_s"] = {r.value: round(v, 6) for r, v in lead.items()}
-        why["tokens_per_step"] = {
-            r.value: round(predicted[r].tokens_per_step, 3) for r in speculating
+            pick = thompson(pick, left.choice, cost, sampled, self._config.explore_max_regret)
+        why: dict[str, Any] = {
+            "profile": profile.source,
+            "acceptance": _rounded(rho, 4),
+            "alpha": _rounded({r: b.mean for r, (b, _) in beliefs.items()}, 4),
+            "alpha_sd": _rounded({r: b.sd for r, (b, _) in beliefs.items()}, 4),
+            "probe_bias_sd": round(self._acceptance.probe_bias, 4),
         }
-        return Decision(route, reason, {r: p.e2e_s for r, p in predicted.items()}, why)
+        if drawn is not None:
+            why["acceptance_drawn"] = _rounded(drawn, 4)
+        why["rule"] = pick.rule
+        if left.spared:
+            why["spared"] = {r.value: g for r, g in left.spared.items()}
+        why["cost_s"] = _rounded({r: p.cost_s for r, p in predicted.items()}, 6)
+        if lead:
+            why["followers_s"] = _rounded(lead, 6)
+        tokens = {r: predicted[r].tokens_per_step for r in left.speculative}
+        why["tokens_per_step"] = _rounded(tokens, 3)
+        reason = pick.reason(left, profiled=profile.source != "prior")
+        return Decision(pick.route, reason, {r: p.e2e_s for r, p in predicted.items()}, why)
 
-    def predict(self, f: RequestFeatures, state: LiveState, pair: int = 0) -> dict[Route, float]:
+    def _beliefs(
+        self, left: Candidates, f: RequestFeatures
+    ) -> dict[Route, tuple[AcceptanceBelief, int]]:
+        """Each speculative route's belief of the request's acceptance a, and its k."""
+        profile = self._active()
+        return {
+            r: (b, route_of(profile, r).identity.num_speculative_tokens)
+            for r in left.speculative
+            if (b := self._acceptance.belief_for(r, f)) is not None
+        }
+
+    def predict(self, f: RequestFeatures, state: LiveState) -> dict[Route, float]:
         """Predicted seconds, send to last byte, on each route (the posterior mean)."""
         profile, learned = self._active(), self._learned()
         return {
@@ -485,3 +411,7 @@ def _rate_sd(belief: AcceptanceBelief, k: int) -> float:
     either side (rho is monotone in a)."""
     low, high = max(belief.mean - belief.sd, 0.0), min(belief.mean + belief.sd, 1.0)
     return 0.5 * (acceptance_rate(high, k) - acceptance_rate(low, k))
+
+
+def _rounded(by_route: Mapping[Route, float], digits: int) -> dict[str, float]:
+    return {r.value: round(v, digits) for r, v in by_route.items()}

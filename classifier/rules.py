@@ -137,11 +137,7 @@ class RulesPolicy(Unlearning):
         return self._config
 
     def decide(
-        self,
-        features: RequestFeatures,
-        state: LiveState,
-        pair: int = 0,
-        rng: random.Random | None = None,
+        self, features: RequestFeatures, state: LiveState, rng: random.Random | None = None
     ) -> Decision:
         route, reason = self._rules(features, state.of(self._spec), state.of(self._base).load)
         if not state.of(route).healthy:
@@ -175,10 +171,6 @@ class StaticPolicy(Unlearning):
         self._route = route
 
     def decide(
-        self,
-        features: RequestFeatures,
-        state: LiveState,
-        pair: int = 0,
-        rng: random.Random | None = None,
+        self, features: RequestFeatures, state: LiveState, rng: random.Random | None = None
     ) -> Decision:
         return Decision(self._route, "static")

@@ -12,10 +12,10 @@ measurements; it is not pure in the sense of stateless.
 The routes are configured by name (RouteSpec: a server's speculation, or none);
 the two-route configuration is a speculative and a baseline route. A host with N
 GPUs runs N groups (a server of every route on each GPU; "pairs" for two routes).
-The gateway picks the group first and hands the policy that group's LiveState and
-its index (`pair`, 0 .. N-1; 0 for a single group). The profiled policy keeps one
-profile and one set of beliefs for all groups (they run the same configurations);
-each FinishedRequest names the group its decision was made for.
+The gateway picks the group first and hands the policy that group's LiveState. The
+profiled policy keeps one profile and one set of beliefs for all groups (they run the
+same configurations); each FinishedRequest names the group (`pair`, 0 .. N-1) its
+decision was made for.
 """
 
 from __future__ import annotations
@@ -218,14 +218,10 @@ class Policy(Protocol):
     no-ops, so no gateway module asks which policy it holds."""
 
     def decide(
-        self,
-        features: RequestFeatures,
-        state: LiveState,
-        pair: int = 0,
-        rng: random.Random | None = None,
+        self, features: RequestFeatures, state: LiveState, rng: random.Random | None = None
     ) -> Decision:
-        """The route within `pair`, whose endpoints `state` describes; `rng`, the
-        caller's, for a policy that explores by drawing (None: no draw). Reads only."""
+        """The route, among those `state` describes; `rng`, the caller's, for a policy
+        that explores by drawing (None: no draw). Reads only."""
         ...
 
     # ---- learning: the only writers --------------------------------------------------

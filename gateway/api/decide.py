@@ -55,9 +55,7 @@ async def _decide(request: web.Request, endpoint: Endpoint) -> web.Response:
     features = with_targets(features, request.headers, body, config)
     served = ModelFilter.of(app[BACKENDS], body)  # routes without its model: unavailable
     pair, state = live_state(app, served)  # as a request would be: the pair, then the route
-    decision = steer_to_model(
-        preview(snapshot.policy, features, state), served, config.routes
-    )
+    decision = steer_to_model(preview(snapshot.policy, features, state), served, config.routes)
     over = reference(config)
     return web.json_response(
         {

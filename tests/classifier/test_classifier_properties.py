@@ -150,10 +150,10 @@ def test_the_profiled_decision_never_raises_and_reads_only(
     f = extract_features(body, Endpoint.CHAT, counter)
     state = LiveState.pair(spec, base)
     rng = None if seed is None else random.Random(seed)
-    d = policy.decide(f, state, 0, rng)
+    d = policy.decide(f, state, rng)
     assert d.route in PAIR and d.reason in PROFILED_REASONS and d.why is not None
     assert d.predicted_s is not None and all(v >= 0 for v in d.predicted_s.values())
-    again = policy.decide(f, state, 0, None if seed is None else random.Random(seed))
+    again = policy.decide(f, state, None if seed is None else random.Random(seed))
     assert (again.route, again.reason) == (d.route, d.reason)
 
 

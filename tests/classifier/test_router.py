@@ -146,12 +146,12 @@ def test_decide_is_pure_and_says_why() -> None:
         BackendState(inflight=3, mix=((Workload.CODE, 3),), last_start=2), IDLE.of(BASE)
     )
     before = whole_state(policy)
-    first = policy.decide(feats(Workload.CODE), IDLE, 0, random.Random(1))
-    again = policy.decide(feats(Workload.CODE), IDLE, 0, random.Random(1))
+    first = policy.decide(feats(Workload.CODE), IDLE, random.Random(1))
+    again = policy.decide(feats(Workload.CODE), IDLE, random.Random(1))
     assert first == again
     for state in (IDLE, busy):
         for workload in Workload:
-            policy.decide(feats(workload), state, 0, random.Random(2))
+            policy.decide(feats(workload), state, random.Random(2))
             policy.predict(feats(workload), state)
     assert whole_state(policy) == before
     assert first.why is not None
@@ -190,12 +190,12 @@ def test_thompson_explores_an_uncertain_workload_and_leaves_a_certain_one_alone(
     close = make(profile(probes={Workload.CHAT: 1.95}))  # near the break-even
     f = feats(Workload.CHAT)
     mean_route = close.decide(f, IDLE).route
-    flips = sum(close.decide(f, IDLE, 0, rng).route != mean_route for _ in range(400))
+    flips = sum(close.decide(f, IDLE, rng).route != mean_route for _ in range(400))
     assert flips > 20
     for _ in range(400):
         close.learn(answer(close, f, SPEC, 0.1))  # measured: clearly the baseline's
     assert close.decide(f, IDLE).route == BASE
-    flips = sum(close.decide(f, IDLE, 0, rng).route == SPEC for _ in range(400))
+    flips = sum(close.decide(f, IDLE, rng).route == SPEC for _ in range(400))
     assert flips == 0
 
 
@@ -203,7 +203,7 @@ def test_exploration_never_costs_a_user_more_than_its_bound() -> None:
     policy = make(profile(probes={Workload.CREATIVE: 1.0}), explore_max_regret=0.0)
     rng = random.Random(3)
     f = feats(Workload.CREATIVE, 1.2)
-    assert all(policy.decide(f, IDLE, 0, rng).route == BASE for _ in range(300))
+    assert all(policy.decide(f, IDLE, rng).route == BASE for _ in range(300))
 
 
 def followers(d: Decision) -> dict[str, float]:
@@ -276,8 +276,8 @@ def test_the_routes_are_the_profiles_list_and_its_order_changes_nothing() -> Non
     ]
     for workload, temperature in ((Workload.CODE, 0.0), (Workload.CREATIVE, 1.2)):
         for state in states:
-            a = make(forward).decide(feats(workload, temperature), state, 0, random.Random(1))
-            b = make(backward).decide(feats(workload, temperature), state, 0, random.Random(1))
+            a = make(forward).decide(feats(workload, temperature), state, random.Random(1))
+            b = make(backward).decide(feats(workload, temperature), state, random.Random(1))
             assert (a.route, a.reason, a.predicted_s) == (b.route, b.reason, b.predicted_s)
     assert make(forward).decide(feats(Workload.CODE), states[3]).reason == "unhealthy-fallback"
     unknown = replace(forward.routes[0], name="eagle3")

@@ -251,7 +251,7 @@ def simulate(
         if callable(router) and not hasattr(router, "decide"):
             decision = router(f, seed, state)
         else:
-            decision = router.decide(f, state, 0, rng)
+            decision = router.decide(f, state, rng)
         route = decision.route
         batch = inflight[route] + 1
         result = outcome(engine, route, f, batch, seed)

@@ -433,7 +433,7 @@ def simulate(
         nonlocal sent
         job = requests[sent]
         state = LiveState({r: _backend(running[r], newest[r]) for r in table})
-        decision = router.decide(job.features, state, 0, rng)
+        decision = router.decide(job.features, state, rng)
         route = decision.route
         predicted = decision.predicted_s.get(route) if decision.predicted_s else None
         served.append(Served(job, route, decision.reason, predicted))
