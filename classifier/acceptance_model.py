@@ -80,12 +80,6 @@ class AcceptanceRecord:
     weight: float = 1.0  # e.g. proposed draft tokens: long answers measure acceptance better
 
     @classmethod
-    def from_features(
-        cls, f: RequestFeatures, acceptance: float, weight: float = 1.0
-    ) -> AcceptanceRecord:
-        return cls(f.workload, f.code_like, f.temperature, f.prompt_tokens, acceptance, weight)
-
-    @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> AcceptanceRecord:
         """From one outcome-log object with these field names; ValueError says which is wrong."""
         try:

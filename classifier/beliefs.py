@@ -1,11 +1,9 @@
 """How acceptance is learned: a posterior per drafter, workload and temperature, of
 the per-position acceptance a, from each answer's rho at its route's k.
 
-rho is accepted drafts per decode step over k, every step counted: not vLLM's
-accepted / drafted, which counts only the steps that drafted. vLLM's n-gram
-drafter proposes nothing where the text has no match; on the real CPU pair a
-chat answer drafted on 2 of 61 steps at a rate of 0.38, 1.05 tokens a step
-where 1 + k * 0.38 says 2.5 (gateway/wire/acceptance.py).
+rho is accepted drafts per decode step over k, every step counted, not vLLM's accepted /
+drafted: on the real CPU pair a chat answer drafted on 2 of 61 steps at a rate of 0.38,
+1.05 tokens a step where 1 + k * 0.38 says 2.5 (docs/decision.md).
 """
 
 from __future__ import annotations
@@ -50,17 +48,10 @@ BeliefKey = tuple[str, Workload, int]
 
 @dataclass(slots=True)
 class AcceptanceBelief:
-    """Posterior of one key's mean per-position acceptance a (the Leviathan model's:
-    each of k drafts accepted with probability a, in order; rho = acceptance_rate(a, k)).
-
-    Decayed sums of the requests' rates (weight, weighted sum, weighted sum of
-    squares) and a prior: the mean at prior_mean, as sure as prior_n requests of
-    spread prior_sd (its sd prior_sd / sqrt(prior_n)). Normal on normal: the
-    answers' mean counts by its precision, their weight over their own spread
-    around their own mean (prior_sd a prior on that spread worth half a request),
-    so answers that agree soon outweigh a probe that missed them. Drawn from for
-    Thompson sampling and clipped into [0, 1].
-    """
+    """Posterior of one key's mean per-position acceptance a (rho = acceptance_rate(a, k)):
+    decayed sums of the answers' a and a prior worth prior_n requests of spread prior_sd.
+    Normal on normal (docs/decision.md): answers that agree soon outweigh a probe that
+    missed them. Drawn from for Thompson sampling, clipped into [0, 1]."""
 
     prior_mean: float
     prior_n: float

@@ -199,15 +199,10 @@ def followers(
     """What the requests that follow this one pay for where it leads them, over the
     cheapest carrier of its device (s, 0 for that carrier; none off a shared device).
 
-    On a time-sliced device a request that starts a server's batch leads the next
-    arrivals there: splitting off costs each of them its neighbours' slowdown, so
-    they join it until the device next empties. With load L in flight (Poisson
-    arrivals, many servers' worth of batch: M/G/inf), a batch serves e^L requests
-    before the device empties, so e^L - 1 follow, at most the traffic's memory (the
-    mix is not known further ahead). Each pays the mix's time on the route it is
-    led to (its learned kinds and lengths, this request's where none is known yet)
-    over the cheapest route's. At L=0.6 under one follows; at L=5 the mix's carrier
-    decides, which is what consolidation was."""
+    On a time-sliced device the next arrivals join the batch it starts until the
+    device next empties: at load L (Poisson arrivals, M/G/inf) e^L - 1 of them, at
+    most the traffic's memory, each paying the mix's time there over the cheapest
+    route's (docs/decision.md, "The followers")."""
     traffic = learned.traffic
     out: dict[Route, float] = {}
     for group in profile.devices():

@@ -1,8 +1,4 @@
-"""A slow drift of each route's decode time against its profile, from its own answers.
-
-Drift corrects the profile slowly; a drift beyond contradiction_ratio over
-contradiction_after answers in a row says "profile again".
-"""
+"""A slow drift of each route's decode time against its profile, from its own answers."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """How many tokens an answer will really have, learned per kind of request.
 
-features.expected_output_tokens is max_tokens, or a config default when the
-request sets none; real answers often stop earlier (EOS, a closed JSON
-object). Decode time is proportional to the answer's length, so a latency
-prediction built on the ceiling overstates every request by the same ratio.
-That ratio is learned here per (workload, max_tokens given?), as a decayed
-mean shrunk toward 1 (the ceiling) while there is little data.
-
-It hardly changes which route wins (both routes decode the same answer) but it
-is most of what makes the predicted latencies match the measured ones.
+features.expected_output_tokens is max_tokens (or a config default); real answers
+often stop earlier (EOS, a closed JSON object). The ratio is learned per (workload,
+max_tokens given?), a decayed mean shrunk toward 1 while there is little data. It
+hardly changes which route wins (every route decodes the same answer) but it is most
+of what makes the predicted latencies match the measured ones.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """The engine profile: what each server costs, measured once when nothing else runs.
 
 What belongs to the machine, not to the traffic (vLLM's adaptive verification,
-TurboSpec and SGLang's throughput-aware policy measure it the same way, at
-start): per route, the time to first token against prompt length and the
-engine step against batch size; on a speculative route, the step is one
-draft + verify step, and the probes' acceptance per workload kind gives the
-router its first belief about this drafter on this model. And per route, how much
-a busy neighbour slows its step, a ratio:
+TurboSpec and SGLang's throughput-aware policy measure it the same way, at start):
+per route (RouteProfile) the first token per prompt length, the step per batch, the
+probes' tokens per step, and `beside`: about 2 on one GPU, whose two vLLM processes
+are time-sliced (an H200 measured 1.86-2.17, whatever the other's step: a 5.7 ms
+baseline step beside a busy 12.9 ms speculative one took 10.7 ms, not 18.6).
 
-    beside = its step while another server of its device runs a batch / its step alone
-
-about 1 with a GPU each, about 2 on one GPU: two vLLM processes on one GPU are
-time-sliced, each getting about half of it while both are busy, whatever the
-other's step (an H200 measured 1.86-2.17, tooling/emulator/gpu/measured). The
-neighbour's step is not added to one's own: a 5.7 ms baseline step beside a busy
-12.9 ms speculative one took 10.7 ms, not 18.6. Which routes share a device is
-configuration ([routes.NAME] device; none said: all share one): a route's neighbours
-are the routes of its device, and a route alone on its device is slowed by no one.
-
-gateway/profiling/probes.py measures it (I/O); this module only holds, reads and
-writes it, so the decision core can use it without any socket. The JSON file
-names what it describes (each server's model, vLLM version, speculative
-config), so a restart reloads it and a changed server is profiled again.
+gateway/profiling/probes.py measures it (I/O); this module holds, reads and writes
+it. The JSON file names each server's model, vLLM version and speculative config, so
+a restart reloads it and a changed server is profiled again.
 """
 
 from __future__ import annotations
@@ -105,9 +93,6 @@ class Curve:
                 blocks.append((before + total, pooled + count))
         ys = [total / count for total, count in blocks for _ in range(count)]
         return Curve(self.xs, tuple(ys))
-
-    def scaled(self, factor: float) -> Curve:
-        return Curve(self.xs, tuple(y * factor for y in self.ys))
 
     def to_json(self) -> list[list[float]]:
         return [[x, round(y, 9)] for x, y in zip(self.xs, self.ys, strict=True)]

@@ -28,12 +28,8 @@ _NEAR_ONE = 1e-3
 
 
 def expected_tokens_per_step(a: float, k: int) -> float:
-    """Expected tokens one target step yields: (1 - a^(k+1)) / (1 - a).
-
-    That is 1 + a + ... + a^k: the target always yields one token, plus each
-    accepted draft token. It is k + 1 at a = 1 and 1 at a = 0 (or k = 0); a is
-    clamped into [0, 1] so a noisy estimate cannot produce a nonsense speedup.
-    """
+    """Expected tokens one target step yields: 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a),
+    the target's own token plus each accepted draft; a clamped into [0, 1]."""
     if k <= 0 or a <= 0.0 or math.isnan(a):
         return 1.0
     if a >= 1.0:
@@ -58,23 +54,16 @@ def decode_speedup(a: float, k: int, c: float) -> float:
 
 
 def acceptance_rate(a: float, k: int) -> float:
-    """vLLM's measure for per-position acceptance a: accepted / proposed drafts.
-
-    Accepted drafts per step are tokens per step minus the target's own one,
-    out of k proposed.
-    """
+    """vLLM's measure for per-position acceptance a: accepted / proposed drafts (tokens
+    per step less the target's own one, out of k)."""
     if k <= 0:
         return 0.0
     return (expected_tokens_per_step(a, k) - 1.0) / k
 
 
 def alpha_from_rate(rate: float, k: int) -> float:
-    """Invert acceptance_rate: the per-position a that gives this accepted/proposed ratio.
-
-    acceptance_rate is strictly increasing in a on [0, 1], so bisection finds
-    it; 40 halvings reach 1e-12. This runs once per observed request, never on
-    the decision path. The rate is clamped into [0, 1].
-    """
+    """Invert acceptance_rate (strictly increasing in a): 40 halvings reach 1e-12, once
+    per observed request, never on the decision path. The rate is clamped into [0, 1]."""
     if k <= 1 or math.isnan(rate):
         return min(1.0, max(0.0, 0.0 if math.isnan(rate) else rate))
     if rate <= 0.0:

@@ -1,16 +1,10 @@
 """What the traffic looks like: its workloads, their prompts and answers, its load.
 
-The router prices a batch before it forms: which workloads will fill it, how long
-their prompts are (each arrival's prefill lengthens the steps of everyone in the
-batch) and their answers (how many arrive per life), and how many requests the GPU
-usually holds. All of it is learned from finished answers, decayed over the last
-`memory` answers, so a change of traffic shows within a few batches' lives.
-
-The kinds coming next: the kinds in flight, weighed by how much the traffic's next
-kind follows its last (its stickiness: how often two answers in a row were of one
-kind, above the shares' chance of it, 0..1), the traffic's shares for the rest. Under
-steady mixed traffic a sample of a few in flight does not move the batch; in bursts
-of one kind the requests in flight say what comes.
+The router prices a batch before it forms: which workloads will fill it (Traffic.coming),
+their prompts (each arrival's prefill lengthens everyone's steps) and answers, and how
+many requests the GPU usually holds; learned from the last `memory` answers. Under
+steady mixed traffic a few in flight do not move the batch; in bursts of one kind the
+requests in flight say what comes.
 """
 
 from __future__ import annotations

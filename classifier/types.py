@@ -1,21 +1,15 @@
 """The vocabulary every policy shares: routes, live state, a decision, the protocol.
 
-Features + live backend state -> Decision(route, reason).
+A policy is a small object (RouteLLM's router shape): features and live state in, a
+Decision out, no I/O and no clock. decide() reads and never writes, its only randomness
+the caller's rng, and every decision says why in a low-cardinality reason (a metric
+label); learn() and the other learning hooks write what the gateway measured.
 
-A policy is a small object (RouteLLM's router shape) with no I/O and no clock:
-decide() reads and never writes, and its only randomness is the caller's rng (a
-Thompson draw), so the same inputs and rng state give the same decision, and every
-decision says why in a short, low-cardinality reason (a metric label). What it
-learns it learns in learn() and the other learning hooks, from the gateway's
-measurements; it is not pure in the sense of stateless.
-
-The routes are configured by name (RouteSpec: a server's speculation, or none);
-the two-route configuration is a speculative and a baseline route. A host with N
-GPUs runs N groups (a server of every route on each GPU; "pairs" for two routes).
-The gateway picks the group first and hands the policy that group's LiveState. The
-profiled policy keeps one profile and one set of beliefs for all groups (they run the
-same configurations); each FinishedRequest names the group (`pair`, 0 .. N-1) its
-decision was made for.
+The routes are configured by name (RouteSpec); the two-route configuration is a
+speculative and a baseline route. A host with N GPUs runs N groups (a server of every
+route on each GPU): the gateway picks the group and hands the policy its LiveState. One
+profile and one set of beliefs serve all groups; each FinishedRequest names its group
+(`pair`, 0 .. N-1).
 """
 
 from __future__ import annotations
@@ -222,61 +216,48 @@ class Policy(Protocol):
     ) -> Decision:
         """The route, among those `state` describes; `rng`, the caller's, for a policy
         that explores by drawing (None: no draw). Reads only."""
-        ...
 
     # ---- learning: the only writers --------------------------------------------------
 
     def learn(self, outcome: FinishedRequest) -> None:
         """One finished, successful answer."""
-        ...
 
     def learn_failure(self, route: Route, features: RequestFeatures) -> None:
         """An answer `route` failed (an error status, a stream that broke)."""
-        ...
 
     def learn_shadow(self, outcome: FinishedRequest) -> None:
         """A shadow copy's answer: a measurement at no user's expense."""
-        ...
 
     def use_profile(self, profile: EngineProfile) -> None:
         """The servers' engine profile, measured or reloaded."""
-        ...
 
     def load_state(self, raw: object) -> None:
         """What an earlier run learned (state_to_json's); ValueError when it does not
         apply, and then nothing is taken."""
-        ...
 
     # ---- what it holds -----------------------------------------------------------------
 
     @property
     def wants_profile(self) -> bool:
         """Whether it decides on an engine profile: only then does the gateway measure one."""
-        ...
 
     @property
     def profile(self) -> EngineProfile | None:
         """The engine profile in use (None: none yet, or none wanted)."""
-        ...
 
     def profile_contradicted(self) -> bool:
         """Whether live traffic says the profile is wrong: profile again."""
-        ...
 
     def drift(self) -> Mapping[Route, float]:
         """Live decode time over the profile's, per route (empty: no profile)."""
-        ...
 
     def state_to_json(self) -> dict[str, Any] | None:
         """What it learned, to keep across a restart (None: nothing to keep)."""
-        ...
 
     def estimated_acceptance(self) -> Mapping[Route, Mapping[Workload, float]]:
         """Per-position draft acceptance per speculative route and workload as believed
         now (empty: no estimate)."""
-        ...
 
     def shared_gpu(self, pair: int = 0) -> bool | None:
         """Whether the policy routes as if the pair's two servers share one GPU (None: no
         such notion, or not measured yet)."""
-        ...

@@ -112,7 +112,10 @@ def test_routes_on_one_device_still_consolidate_when_another_device_exists() -> 
     dear = replace(
         dear,
         routes=tuple(
-            replace(r, step=r.step.scaled(3.0)) if r.name == "ngram-k4" else r for r in dear.routes
+            replace(r, step=Curve(r.step.xs, tuple(3.0 * y for y in r.step.ys)))
+            if r.name == "ngram-k4"
+            else r
+            for r in dear.routes
         ),
     )
     decision = policy(dear).decide(CHAT, state(NONE))

@@ -18,7 +18,8 @@ import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from classifier.router import ProfiledPolicy, prior_profile
+from classifier.cost import prior_profile
+from classifier.router import ProfiledPolicy
 from classifier.tokens import TokenCounter
 from classifier.types import Route, two_routes
 from gateway.app import create_app
