@@ -17,6 +17,7 @@ PROFILED_REASONS = (
     "spec-predicted-faster",
     "baseline-predicted-faster",
     "consolidate",
+    "latency-target",
     "explore",
     "unprofiled",
     "unhealthy-fallback",
@@ -25,6 +26,7 @@ _FASTER = {True: "spec-predicted-faster", False: "baseline-predicted-faster"}
 _REASONS = {
     "unhealthy": "unhealthy-fallback",
     "followers": "consolidate",
+    "targets": "latency-target",
     "thompson-draw": "explore",
 }
 
@@ -32,7 +34,7 @@ _REASONS = {
 @dataclass(frozen=True, slots=True)
 class Pick:
     route: Route
-    rule: str  # guard, unhealthy, followers, smaller-cost or thompson-draw
+    rule: str  # guard, unhealthy, targets, followers, smaller-cost or thompson-draw
 
     @property
     def explorable(self) -> bool:
@@ -50,15 +52,23 @@ class Pick:
 
 
 def cheapest(
-    left: Candidates, cost: Mapping[Route, float], alone: Mapping[Route, float], state: LiveState
+    left: Candidates,
+    cost: Mapping[Route, float],
+    alone: Mapping[Route, float],
+    state: LiveState,
+    aimed: Sequence[Route] = (),
 ) -> Pick:
-    """The cheapest choice by `cost`; its rule: the guards', the cheapest allowed route
-    unhealthy, the followers (the cheapest by `alone`, without them, differs) or cost."""
-    route = min(left.choice, key=cost.__getitem__)
+    """The cheapest choice by `cost` (of `aimed`, those the latency targets leave, if
+    any: classifier/targets.py); its rule: the guards', the cheapest allowed route
+    unhealthy, the targets (the cheapest choice missed them), the followers (the
+    cheapest by `alone`, without them, differs) or cost."""
+    route = min(aimed or left.choice, key=cost.__getitem__)
     if left.guarded:
         return Pick(route, "guard")
     if not state.of(min(left.allowed, key=cost.__getitem__)).healthy:
         return Pick(route, "unhealthy")
+    if route != min(left.choice, key=cost.__getitem__):
+        return Pick(route, "targets")
     if route != min(left.choice, key=alone.__getitem__):
         return Pick(route, "followers")
     return Pick(route, "smaller-cost")

@@ -43,6 +43,7 @@ from classifier.persistence import LearnedState, dump_state, parse_state
 from classifier.picker import PROFILED_REASONS, cheapest, thompson
 from classifier.profile import EngineProfile
 from classifier.speculation import acceptance_rate
+from classifier.targets import pick as aim
 from classifier.traffic import Traffic
 from classifier.types import TWO_ROUTES, Decision, FinishedRequest, LiveState, Route, RouteSpec
 
@@ -227,16 +228,19 @@ class ProfiledPolicy:
         }
         lead = followers(profile, features, state, predicted, learned)
         cost = {r: predicted[r].cost_s + lead.get(r, 0.0) for r in left.routes}
-        pick = cheapest(left, cost, {r: p.cost_s for r, p in predicted.items()}, state)
+        regret = self._config.explore_max_regret
+        aimed = aim(left.choice, predicted, cost, features.targets, regret)
+        alone = {r: p.cost_s for r, p in predicted.items()}
+        pick = cheapest(left, cost, alone, state, aimed.allowed)
         drawn: dict[Route, float] | None = None
-        if rng is not None and pick.explorable and len(left.choice) > 1:
+        if rng is not None and pick.explorable and len(aimed.allowed) > 1:
             drawn = {r: acceptance_rate(b.sample(rng), k) for r, (b, k) in beliefs.items()}
             sampled = {
                 r: price(profile, features, state, r, drawn.get(r, 0.0), learned).cost_s
                 + lead.get(r, 0.0)
-                for r in left.choice
+                for r in aimed.allowed
             }
-            pick = thompson(pick, left.choice, cost, sampled, self._config.explore_max_regret)
+            pick = thompson(pick, aimed.allowed, cost, sampled, regret)
         why: dict[str, Any] = {
             "profile": profile.source,
             "acceptance": _rounded(rho, 4),
@@ -247,6 +251,8 @@ class ProfiledPolicy:
         if drawn is not None:
             why["acceptance_drawn"] = _rounded(drawn, 4)
         why["rule"] = pick.rule
+        if features.targets is not None:  # llm-d's SLO headers, or the model's default
+            why["targets"] = {**features.targets.as_dict(), "met": aimed.met}
         if left.spared:
             why["spared"] = {r.value: g for r, g in left.spared.items()}
         why["cost_s"] = _rounded({r: p.cost_s for r, p in predicted.items()}, 6)

@@ -13,7 +13,11 @@ is what the gateway measures of an answer: (duration - ttft) / (tokens - 1).)
 The pick: among the routes predicted to meet every target, the one that costs the
 system least (the one cost model's cost); none predicted to meet them, the one that
 comes closest, by its worst ratio of predicted to target (ties: the cheaper), and the
-answer says so. No target: the cheapest, as without this module.
+answer says so. No target: the cheapest, as without this module. A target moves a
+request only among the routes whose cost is within `max_regret` of the cheapest
+(the router passes explore_max_regret, 25%: the most one request's exploration may
+cost): on one time-sliced GPU a move off the batch's server slows every request on
+it, and a target met at that price is paid for by the others' (benchmarks/slo.py).
 
 Pure: no I/O, no clock, no randomness.
 """
@@ -92,16 +96,20 @@ def pick(
     predicted: Mapping[T, Prediction],
     cost: Mapping[T, float],
     targets: LatencyTargets | None,
+    max_regret: float = math.inf,
 ) -> Pick[T]:
-    """Of `routes` (non-empty), those predicted to meet every target, and the cheapest
-    of them; none meets them: the closest alone (its worst predicted / target the
-    smallest, the cheaper of equals), met False. No target: every route, met."""
+    """Of `routes` (non-empty) within `max_regret` of the cheapest cost, those predicted
+    to meet every target, and the cheapest of them; none meets them: the closest alone
+    (its worst predicted / target the smallest, the cheaper of equals), met False. No
+    target: every route, met."""
     if not routes:
         raise ValueError("pick: no route to pick from")
     allowed = tuple(routes)
     if targets is not None and targets.any:
-        allowed = tuple(r for r in routes if targets.shortfall(predicted[r]) <= 1.0)
+        limit = (1.0 + max_regret) * min(cost[r] for r in routes)
+        near = [r for r in routes if cost[r] <= limit]
+        allowed = tuple(r for r in near if targets.shortfall(predicted[r]) <= 1.0)
         if not allowed:
-            closest = min(routes, key=lambda r: (targets.shortfall(predicted[r]), cost[r]))
+            closest = min(near, key=lambda r: (targets.shortfall(predicted[r]), cost[r]))
             return Pick(closest, (closest,), False)
     return Pick(min(allowed, key=cost.__getitem__), allowed, True)

@@ -40,6 +40,18 @@ def median_tpot() -> str:
     )
 
 
+GOODPUT = "Latency targets met (goodput)"
+
+
+def goodput(by: str) -> str:
+    """Met over measured (met or missed) answers with a latency target, per `by`."""
+    return (
+        f'sum by ({by}) (rate(specroute_slo_requests_total{{outcome="met", {WL}}}[{RI}]))'
+        f' / sum by ({by}) (rate(specroute_slo_requests_total{{outcome=~"met|missed", {WL}}}'
+        f"[{RI}]))"
+    )
+
+
 def q(expr: str, legend: str = "") -> dict[str, Any]:
     return {"expr": expr, "legendFormat": legend or "__auto"}
 
@@ -656,6 +668,36 @@ ROWS: list[tuple[str, list[Panel]]] = [
                     )
                 ],
                 "Servers taken out of rotation for failing requests in a row, all replicas.",
+            ),
+        ],
+    ),
+    (
+        "Latency targets",
+        [
+            (
+                GOODPUT,
+                "timeseries",
+                "percentunit",
+                12,
+                [q(goodput("route, target"), "{{route}} {{target}}")],
+                "Of the streamed answers with a latency target (llm-d's x-llm-d-slo-ttft-ms /"
+                " x-llm-d-slo-tpot-ms, or [latency_targets.MODEL]), the share that met it, by"
+                " route and target. Whole (non-streamed) answers are unmeasured: left out.",
+            ),
+            (
+                "Latency targets by outcome",
+                "timeseries",
+                "reqps",
+                12,
+                [
+                    q(
+                        "sum by (workload, target, outcome) (rate(specroute_slo_requests_total"
+                        f"{{{WL}}}[{RI}]))",
+                        "{{workload}} {{target}} {{outcome}}",
+                    )
+                ],
+                "Answers with a latency target per second: met, missed, or unmeasured (a"
+                " whole answer: the gateway sees no first token), by workload and target.",
             ),
         ],
     ),

@@ -32,6 +32,7 @@ GATEWAY_METRICS = {
     "specroute_time_to_first_token_seconds": "histogram",
     "specroute_time_per_output_token_seconds": "histogram",
     "specroute_output_tokens": "counter",
+    "specroute_slo_requests": "counter",
     "specroute_inflight_requests": "gauge",
     "specroute_prefill_pending_tokens": "gauge",
     "specroute_upstream_errors": "counter",

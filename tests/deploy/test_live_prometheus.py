@@ -212,7 +212,7 @@ async def test_prometheus_scrapes_the_gateway_and_answers_promql(tmp_path: Path)
         # empty; of the router's panels, those that need conditions this short
         # run does not create (predictions: its routes are forced by header;
         # failovers; two scrapes with drafts; shadow copies, which forced routes
-        # never get) may be.
+        # never get; latency targets, which no request here sends) may be.
         panels_empty = {w.split(":")[1] for w in empty if w.startswith("specroute.json")}
         errors = {"Server errors", "Requests by status", "Upstream errors"}
         may_be_empty = {
@@ -222,6 +222,8 @@ async def test_prometheus_scrapes_the_gateway_and_answers_promql(tmp_path: Path)
             "Shadow copies by outcome",
             "Live speedup per workload (shadow pairs)",
             "Live regret of the router (shadow pairs)",
+            "Latency targets met (goodput)",
+            "Latency targets by outcome",
         }
         assert errors <= panels_empty <= errors | may_be_empty, panels_empty
         assert {r["metric"]["route"] for r in drafts} == {"speculative"}
@@ -240,7 +242,7 @@ async def _rules_evaluated(session: aiohttp.ClientSession, prom: str) -> list[di
     async with session.get(f"{prom}/api/v1/rules") as resp:
         payload = await resp.json()
     rules = [r for g in payload["data"]["groups"] for r in g["rules"]]
-    assert len(rules) == 12
+    assert len(rules) == 13
     for r in rules:
         assert r["health"] == "ok", r
         assert not r["lastEvaluation"].startswith("0001"), r["name"]

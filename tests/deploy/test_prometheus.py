@@ -28,7 +28,7 @@ def test_check_rules(promtool: str) -> None:
     assert rules
     res = run([promtool, "check", "rules", *map(str, rules)])
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 12 rules found" in res.stdout
+    assert "SUCCESS: 13 rules found" in res.stdout
 
 
 def test_rule_unit_tests(promtool: str) -> None:
@@ -105,7 +105,7 @@ def test_every_alert_has_its_runbook_section() -> None:
         for r in g["rules"]
         if "alert" in r
     ]
-    assert len(alerts) == 12
+    assert len(alerts) == 13
     for rule in alerts:
         url = rule["annotations"]["runbook_url"]
         page, _, anchor = url.partition("#")

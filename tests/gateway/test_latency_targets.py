@@ -3,8 +3,8 @@ configured default, a clear 400 for a bad value, the answer's header, and goodpu
 (specroute_slo_requests_total) measured on streamed answers, unmeasured on whole ones.
 
 Real servers on 127.0.0.1: the fake vLLM upstreams and the gateway (rules policy, which
-predicts nothing: its answers say "unknown"; the cost model's pick has its tests in
-tests/classifier/test_targets.py and tests/gateway/test_latency_targets_routing.py)."""
+predicts nothing: its answers say "unknown"; the cost model's pick, met and unmet, has
+its tests in tests/classifier/test_targets.py)."""
 
 from __future__ import annotations
 
