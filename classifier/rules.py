@@ -152,7 +152,8 @@ class RulesPolicy(Unlearning):
             return self._base, guard
         if f.workload is Workload.CREATIVE or f.temperature > self._creative:
             return self._base, "high-temperature"
-        if f.prompt_tokens > cfg.prefill_ratio * max(1, f.expected_output_tokens):
+        # A ratio, not a product: features read max_tokens unbounded (10**400 overflowed).
+        if f.prompt_tokens / max(1, f.expected_output_tokens) > cfg.prefill_ratio:
             return self._base, "prefill-bound"
         low_temp = f.temperature <= cfg.structured_max_temperature
         if f.structured and low_temp:

@@ -6,7 +6,7 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from classifier import (
@@ -117,6 +117,11 @@ def test_completions_extraction_never_raises(counter: TokenCounter, body: dict[s
 
 @SETTINGS
 @given(body=chat_body, spec=backend, base=backend)
+@example(  # max_tokens past a float's range: the prefill ratio overflowed (OverflowError)
+    body={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**400},
+    spec=BackendState(),
+    base=BackendState(),
+)
 def test_decide_never_raises(
     counter: TokenCounter, body: dict[str, Any], spec: BackendState, base: BackendState
 ) -> None:
