@@ -37,6 +37,7 @@ import gc
 import itertools
 import json
 import sys
+import time
 import warnings
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
@@ -172,8 +173,10 @@ async def soak(duration: float, concurrency: int, seed: int, rss_bound_mb: float
                 ]
                 load = Load(concurrency, leave_share=0.1, timeout_s=60.0, seed=seed)
                 async with asyncio.TaskGroup() as tg:
-                    tg.create_task(run_load(session, gateway, load, timeline.t0 + duration, sent))
-                    tg.create_task(run_probes(session, gateway, timeline.t0 + duration, 1.0, sent))
+                    end = timeline.t0 + duration
+                    running = lambda: time.monotonic() < end  # noqa: E731
+                    tg.create_task(run_load(session, gateway, load, running, sent))
+                    tg.create_task(run_probes(session, gateway, running, 1.0, sent))
                     tg.create_task(run_schedule(timeline.t0, steps))
                 watching.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

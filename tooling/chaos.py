@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -267,6 +267,9 @@ class Sent:
     detail: str = ""
     failover_from: str | None = None  # x-specroute-failover: the backend tried first
     reason: str | None = None  # x-specroute-reason: why the gateway chose that route
+    # A probe's twin: the same prompt sent once its route was known, named to the other
+    # server (x-specroute-route), its time to first token: what the other choice gave.
+    twin_ttft_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -299,8 +302,10 @@ async def send(
     headers: dict[str, str] | None = None,
     timeout_s: float = 30.0,
     leave_after: int = 0,
+    on_route: Callable[[Route | None], object] | None = None,
 ) -> Sent:
-    """POST one request and read all of it (a stream: up to `leave_after` events, if set)."""
+    """POST one request and read all of it (a stream: up to `leave_after` events, if set);
+    `on_route` is told the route that answers as soon as its headers say it."""
     started = time.monotonic()
     status, route, ttft, ending, detail = 0, None, None, "no answer", ""
     moved = reason = None
@@ -313,6 +318,8 @@ async def send(
             route = _route(resp.headers.get(ROUTE_HEADER))
             moved = resp.headers.get(FAILOVER_HEADER)
             reason = resp.headers.get(REASON_HEADER)
+            if on_route is not None:
+                on_route(route)
             if status != 200:
                 ending = f"status {status}"
                 detail = (await resp.read())[:200].decode(errors="replace")
@@ -397,15 +404,20 @@ def load_bodies(load: Load) -> list[tuple[bytes, bytes]]:
 
 
 async def run_load(
-    session: aiohttp.ClientSession, gateway: str, load: Load, until: float, sent: list[Sent]
+    session: aiohttp.ClientSession,
+    gateway: str,
+    load: Load,
+    running: Callable[[], bool],
+    sent: list[Sent],
 ) -> None:
+    """The closed-loop clients, each sending again while `running()` says so."""
     bodies = load_bodies(load)
     counter = itertools.count()
 
     async def client(i: int) -> None:
         rng = random.Random(f"{load.seed}:client:{i}")
         await asyncio.sleep(load.ramp_s * i / load.concurrency)
-        while time.monotonic() < until:
+        while running():
             whole, streamed = bodies[next(counter) % len(bodies)]
             stream = rng.random() < load.stream_share
             leave = 3 if stream and rng.random() < load.leave_share else 0
@@ -461,17 +473,39 @@ async def unloaded_ttft(session: aiohttp.ClientSession, gateway: str, repeats: i
 
 
 async def run_probes(
-    session: aiohttp.ClientSession, gateway: str, until: float, every_s: float, sent: list[Sent]
+    session: aiohttp.ClientSession,
+    gateway: str,
+    running: Callable[[], bool],
+    every_s: float,
+    sent: list[Sent],
 ) -> None:
     """A probe every `every_s`, each on its own: one parked in a queue does not hold back
-    the next."""
+    the next. As soon as a probe's route is known, its twin (the same prompt) is sent to
+    the other server: the wait the other choice gave at that moment, on the same
+    machine's CPU. The twin is not a request of the run (only its first token is kept)."""
 
     async def probe(i: int) -> None:
-        sent.append(await send(session, gateway + CHAT, probe_body(i), kind="probe", stream=True))
+        twins: list[asyncio.Task[Sent]] = []
+
+        def twin(route: Route | None) -> None:
+            if route is not None:
+                other = {ROUTE_HEADER: _other(route).value}
+                twins.append(
+                    asyncio.create_task(
+                        send(session, gateway + CHAT, body, kind="twin", stream=True, headers=other)
+                    )
+                )
+
+        body = probe_body(i)
+        s = await send(session, gateway + CHAT, body, kind="probe", stream=True, on_route=twin)
+        for done in await asyncio.gather(*twins):
+            if s.route is not None and done.ok and done.route == _other(s.route):
+                s = replace(s, twin_ttft_s=done.ttft_s)
+        sent.append(s)
 
     async with asyncio.TaskGroup() as tg:
         for i in itertools.count():
-            if time.monotonic() >= until:
+            if not running():
                 break
             tg.create_task(probe(i))
             await asyncio.sleep(every_s)
@@ -631,6 +665,11 @@ class Chaos:
         return flooded
 
 
+# A queue multiplies a probe's first token; a step boundary or a bigger batch moves it by
+# tens of per cent (see tests/gateway/test_chaos.py).
+WAIT_BOUND = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class Wait:
     """A probe's time to first token over its unloaded time, and the engines it met."""
@@ -638,12 +677,22 @@ class Wait:
     ratio: float
     probe: Sent
     engines: str  # both engines' running and waiting counts when it was sent
+    twin_ratio: float | None  # its twin's on the other server (None: no twin answered)
 
     def describe(self, t0: float) -> str:
         route = self.probe.route.value if self.probe.route else "-"
+        twin = "no twin" if self.twin_ratio is None else f"its twin there {self.twin_ratio:.2f}"
         return (
             f"{self.ratio:.2f} (via {route}, {self.probe.reason}, sent at "
-            f"{self.probe.started - t0:.1f} s when {self.engines})"
+            f"{self.probe.started - t0:.1f} s when {self.engines}; {twin})"
+        )
+
+    def the_choices(self, bound: float) -> bool:
+        """Over `bound` x its unloaded time where the other server gave under 1/bound of
+        its wait (or no twin answered): the choice's wait. Where the twin waited as
+        long, the machine's CPU slowed both servers alike and no choice was faster."""
+        return self.ratio > bound and (
+            self.twin_ratio is None or self.ratio > bound * self.twin_ratio
         )
 
 
@@ -663,6 +712,11 @@ class Figures:
     worst_in_saturation: Wait | None
     worst_outside_saturation: Wait | None
     ttft_p50_s: float | None  # all streams' time to first token, for scale
+    waits: tuple[Wait, ...]  # every counted probe's
+
+    def over(self, bound: float) -> list[Wait]:
+        """The counted probes whose wait over `bound` was the choice's (Wait.the_choices)."""
+        return [w for w in self.waits if w.the_choices(bound)]
 
     @property
     def worst_wait(self) -> Wait | None:
@@ -713,6 +767,7 @@ def summarize(sent: list[Sent], timeline: Timeline, watch: Watch, unloaded_s: fl
             [s for s in counted if s not in saturated], unloaded_s, watch
         ),
         ttft_p50_s=statistics.median(ttfts) if ttfts else None,
+        waits=tuple(_wait(s, unloaded_s, watch) for s in counted if s.ttft_s is not None),
     )
 
 
@@ -720,8 +775,12 @@ def _worst(probes: list[Sent], unloaded_s: float, watch: Watch) -> Wait | None:
     timed = [s for s in probes if s.ttft_s is not None]
     if not timed:
         return None
-    worst = max(timed, key=lambda s: s.ttft_s or 0.0)
-    return Wait((worst.ttft_s or 0.0) / unloaded_s, worst, watch.engines_at(worst.started))
+    return _wait(max(timed, key=lambda s: s.ttft_s or 0.0), unloaded_s, watch)
+
+
+def _wait(s: Sent, unloaded_s: float, watch: Watch) -> Wait:
+    twin = None if s.twin_ttft_s is None else s.twin_ttft_s / unloaded_s
+    return Wait((s.ttft_s or 0.0) / unloaded_s, s, watch.engines_at(s.started), twin)
 
 
 def _wait_counts(s: Sent, timeline: Timeline, watch: Watch) -> bool:
@@ -852,6 +911,11 @@ def figure_lines(figures: Figures, timeline: Timeline, flood_: Flood | None) -> 
     for name, wait in (("in", f.worst_in_saturation), ("outside", f.worst_outside_saturation)):
         if wait is not None:
             lines.append(f"  worst {name} the saturation {wait.describe(timeline.t0)}")
+    slow = [w for w in f.waits if w.ratio > WAIT_BOUND]
+    lines.append(
+        f"  over {WAIT_BOUND:g}x: {len(slow)} probes, {len(f.over(WAIT_BOUND))} of them the "
+        f"choice's (their twin on the other server under 1/{WAIT_BOUND:g} of their wait)"
+    )
     if f.ttft_p50_s is not None:
         lines.append(f"all streams' time to first token p50 {f.ttft_p50_s * 1000:.0f} ms")
     if flood_ is not None:
