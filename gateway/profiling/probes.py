@@ -547,13 +547,16 @@ async def _beside(
                 beside_stream.cancel()
             raise
         finally:
+            # Measured, or starved (then `me` answers only once `other` stops): the load
+            # has done its work. Left to finish, its streams (4x a step probe's tokens)
+            # held every round until they were out, for nothing.
             prompts.cancel()
-            if not done:  # starved: every load on `other` stops, so `me` can answer
-                for task in background:
-                    task.cancel()
+            for task in background:
+                task.cancel()
             await asyncio.gather(*background, prompts, return_exceptions=True)
         assert beside_stream is not None
         chunks = await beside_stream
+        await probe.idle([other], wait_s=10.0)  # its aborted streams out of the next round
         if done:
             beside = _window_step([chunks])
             rounds.append(min(high, max(low, beside / alone)))
