@@ -144,7 +144,11 @@ def price(
     busy = [(s, o) for r, s, o in others if s.load > 0 and r.value in near]
     slowdown = me.slowdown(len(busy))
     step = me.step.at(min(batch + n, here.capacity or math.inf)) * drift * slowdown
-    ttft = me.ttft.at(f.prompt_tokens + here.prefill_tokens)
+    # A prefill is a step too, sliced alike (the emulator's SharedGpu shares every step;
+    # the H200's pair rows measured decode steps at 1.86-2.17x). Unslowed, an idle
+    # neighbour of a busy batch looked faster to a TTFT target than it was
+    # (benchmarks/slo.py, the pair on one GPU, no regret bound: mean 1.90x -> 1.13x).
+    ttft = me.ttft.at(f.prompt_tokens + here.prefill_tokens) * slowdown
     # While it decodes, the requests in flight there end and others like them arrive
     # (a closed loop replaces each about once a life): their prompts' prefill chunks
     # lengthen the steps it is in.
@@ -171,11 +175,20 @@ def price(
     retry = 0.0
     if fail > 0 and others:  # a failed answer costs its time, then one elsewhere
         retry = min(
-            o.ttft.at(f.prompt_tokens)
-            + max(out - 1, 0) / _tau(o, learned.rate(r, f)) * o.step.at(s.load + n)
+            (
+                o.ttft.at(f.prompt_tokens)
+                + max(out - 1, 0) / _tau(o, learned.rate(r, f)) * o.step.at(s.load + n)
+            )
+            * o.slowdown(_busy_beside(profile, state, r))
             for r, s, o in others
         )
     return Prediction(e2e, e2e + added + fail * retry, tau, steps, queue + ttft)
+
+
+def _busy_beside(profile: EngineProfile, state: LiveState, route: Route) -> int:
+    """How many other routes of `route`'s device are busy now."""
+    near = profile.neighbours(route.value)
+    return sum(r != route and r.value in near and state.of(r).load > 0 for r in routes_of(profile))
 
 
 def _queued(here: BackendState, n: int) -> float:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from classifier.cost import prior_profile
+from classifier.cost import price, prior_profile
 from classifier.features import Workload
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
 from classifier.router import ProfiledPolicy, RouterConfig
@@ -83,6 +83,46 @@ def test_a_busy_neighbour_slows_only_the_routes_of_its_device() -> None:
     assert split.predict(CHAT, state(K4))[NONE] == pytest.approx(idle[NONE])  # core 0 busy
     one = policy(trio(dict.fromkeys(DEVICES, "")).with_beside(2.0))  # measured beside any
     assert one.predict(CHAT, state(K2))[K4] > idle[K4]  # not told: one device for all
+
+
+def test_a_busy_neighbour_slows_the_first_token_only_on_its_device() -> None:
+    # A prefill is a step too: beside a busy neighbour of its device it takes the same
+    # share as a decode step (the emulator's SharedGpu); a busy route on another device
+    # leaves it alone. Unslowed, an idle neighbour of the batch looked faster to a TTFT
+    # target than it was (benchmarks/slo.py, one GPU, without the regret bound).
+    split = trio(DEVICES)
+    learned = policy(split)._learned()
+
+    def first(busy: Route | None, route: Route) -> float:
+        return price(split, CHAT, state(busy), route, 0.0, learned).first_token_s
+
+    alone, none = first(None, NONE), split.route(NONE.value)
+    assert none is not None and alone == pytest.approx(none.ttft.at(100.0))
+    assert first(K2, NONE) == pytest.approx(BESIDE[NONE] * alone)  # core 1: time-sliced
+    assert first(K4, NONE) == pytest.approx(alone)  # the busy one is on core 0
+    assert first(K2, K4) == pytest.approx(first(None, K4))  # core 0: nobody beside it
+
+
+def test_a_failed_answer_is_priced_as_retried_at_the_neighbours_share() -> None:
+    # ngram-k4 (core 0) fails half its answers; the retry elsewhere is on core 1, where
+    # none is busy: ngram-k2 idle beside it runs at half speed (0.08 s a token, not
+    # 0.04), so none's own batch of two (0.075 s a token) is the cheaper retry.
+    split = trio(DEVICES)
+    learned = policy(split)._learned()
+    out = learned.outputs.predict(CHAT) - 1.0
+
+    def cost(failing: float) -> float:
+        fails = replace(learned, failure=lambda r, w: failing if r == K4 else 0.0)
+        return price(split, CHAT, state(NONE), K4, 0.0, fails).cost_s
+
+    def time(route: Route, batch: float, slowdown: float) -> float:
+        rp = split.route(route.value)
+        assert rp is not None
+        tau = 1.0 + rp.identity.num_speculative_tokens * learned.rate(route, CHAT)
+        return (rp.ttft.at(100.0) + out / tau * rp.step.at(batch)) * slowdown
+
+    assert time(K2, 1.0, 1.0) < time(NONE, 2.0, 1.0) < time(K2, 1.0, BESIDE[K2])
+    assert (cost(0.5) - cost(0.0)) / 0.5 == pytest.approx(time(NONE, 2.0, 1.0))
 
 
 def test_a_second_request_goes_to_the_free_device_not_beside_the_busy_one() -> None:
