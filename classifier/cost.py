@@ -8,13 +8,16 @@ step alone: about 2 on one GPU, whose two vLLM processes are time-sliced (an H20
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from classifier.features import RequestFeatures, Workload
 from classifier.output_length import OutputLengthModel
 from classifier.profile import Curve, EngineProfile, RouteProfile, ServerIdentity
+from classifier.speculation import Schedule, acceptance_rate, alpha_from_rate, k_at
 from classifier.traffic import Traffic
 from classifier.types import TWO_ROUTES, BackendState, LiveState, Route, RouteSpec
 
@@ -36,6 +39,12 @@ TRAFFIC_MEMORY = 1000.0
 _PRIOR_TTFT_S, _PRIOR_TTFT_PER_TOKEN_S = 0.015, 0.00003
 _PRIOR_STEP_S, _PRIOR_STEP_PER_SEQ_S = 0.006, 0.00005
 _PRIOR_BESIDE = 2.0  # one time-sliced GPU, as deploy/gpu runs the pair
+# The dynamic-speculation routes' K per batch size (RouteSpec.k_by_batch), by route:
+# none, every route static.
+STATIC: Mapping[Route, Schedule] = MappingProxyType({})
+# A dynamic route's rho at its most k, as the drafter's a (to price it at a smaller K):
+# the beliefs' means change once per answer, so a decision finds them here.
+_alpha = functools.lru_cache(maxsize=4096)(alpha_from_rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +54,7 @@ class Prediction:
     tokens_per_step: float
     decode_steps: float
     first_token_s: float  # of e2e_s: the queue and the first token
+    k: int = 0  # the drafts a step proposes at the batch it joins (0: no speculation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +72,13 @@ class Learned:
 def prior_profile(routes: Sequence[RouteSpec] = TWO_ROUTES) -> EngineProfile:
     """What the router assumes before the profile is in, labelled "prior" so every
     decision made on it says "unprofiled": the talk's 8B target on the measured H200
-    (the _PRIOR_* figures), each speculative step x (1 + k*c), the routes of a device
-    (as configured; none said: one) time-sliced on it."""
+    (the _PRIOR_* figures), each speculative step x (1 + K*c) at the K its batch size
+    gives, the routes of a device (as configured; none said: one) time-sliced on it."""
     batches = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
     base_step = tuple(_PRIOR_STEP_S + _PRIOR_STEP_PER_SEQ_S * b for b in batches)
     longest = 4096.0
 
     def route(spec: RouteSpec) -> RouteProfile:
-        factor = 1.0 + spec.k * spec.draft_cost_ratio
         # A draft model prefills the prompt too, at its share of the target's cost (the
         # measured H200's 1B draft: a 1500-token prefill step 50 ms against 43 alone).
         prefill = 1.0 + spec.draft_cost_ratio
@@ -82,7 +91,13 @@ def prior_profile(routes: Sequence[RouteSpec] = TWO_ROUTES) -> EngineProfile:
                     (_PRIOR_TTFT_S + _PRIOR_TTFT_PER_TOKEN_S * n) * prefill for n in (1.0, longest)
                 ),
             ),
-            step=Curve(batches, tuple(s * factor for s in base_step)),
+            step=Curve(
+                batches,
+                tuple(
+                    s * (1.0 + spec.k_at(b) * spec.draft_cost_ratio)
+                    for b, s in zip(batches, base_step, strict=True)
+                ),
+            ),
             beside=_PRIOR_BESIDE,
         )
 
@@ -116,9 +131,21 @@ def _prefill_of(route: RouteProfile, prompt_tokens: float) -> float:
     return max(route.ttft.at(prompt_tokens) - route.ttft.at(1.0), 0.0)
 
 
-def _tau(route: RouteProfile, rho: float) -> float:
-    """Tokens one step yields there: 1 + k * rho speculative (its own k), 1 without."""
-    return 1.0 + route.identity.num_speculative_tokens * rho
+def _drafts(route: RouteProfile, schedule: Schedule, batch: float) -> int:
+    """The K its steps propose at this batch size: its k, or its schedule's K there."""
+    return k_at(schedule, batch, route.identity.num_speculative_tokens)
+
+
+def _tau(route: RouteProfile, rho: float, drafts: int | None = None) -> float:
+    """Tokens one step yields there: 1 + k * rho speculative (its own k), 1 without. rho
+    is the rate at its k; a dynamic route proposing `drafts` < k takes the drafter's a
+    at that K (K = 0: one token a step, as without speculation)."""
+    k = route.identity.num_speculative_tokens
+    if drafts is None or drafts == k:
+        return 1.0 + k * rho
+    if drafts <= 0:
+        return 1.0
+    return 1.0 + drafts * acceptance_rate(_alpha(rho, k), drafts)
 
 
 def price(
@@ -129,15 +156,18 @@ def price(
     rho: float,
     learned: Learned,
     output_tokens: float | None = None,
+    schedules: Mapping[Route, Schedule] = STATIC,
 ) -> Prediction:
-    """The request's time on `route` at acceptance `rho`, and its cost to everyone."""
+    """The request's time on `route` at acceptance `rho` (the rate at its k), and its cost
+    to everyone; a route in `schedules` proposes its K at the batch it joins."""
     here, me = state.of(route), route_of(profile, route)
     others = [(r, state.of(r), route_of(profile, r)) for r in routes_of(profile) if r != route]
-    tau = _tau(me, rho)
     n = max(f.n, 1)
+    batch = min(here.load, here.capacity or math.inf)
+    drafts = _drafts(me, schedules.get(route, ()), min(batch + n, here.capacity or math.inf))
+    tau = _tau(me, rho, drafts)
     out = learned.outputs.predict(f) if output_tokens is None else output_tokens
     steps = max(out - 1.0, 0.0) / tau
-    batch = min(here.load, here.capacity or math.inf)
     drift = learned.drift(route)
     # Time-sliced: while a neighbour on its device is busy, each step takes its share.
     near = profile.neighbours(route.value)
@@ -177,12 +207,14 @@ def price(
         retry = min(
             (
                 o.ttft.at(f.prompt_tokens)
-                + max(out - 1, 0) / _tau(o, learned.rate(r, f)) * o.step.at(s.load + n)
+                + max(out - 1, 0)
+                / _tau(o, learned.rate(r, f), _drafts(o, schedules.get(r, ()), s.load + n))
+                * o.step.at(s.load + n)
             )
             * o.slowdown(_busy_beside(profile, state, r))
             for r, s, o in others
         )
-    return Prediction(e2e, e2e + added + fail * retry, tau, steps, queue + ttft)
+    return Prediction(e2e, e2e + added + fail * retry, tau, steps, queue + ttft, drafts)
 
 
 def _busy_beside(profile: EngineProfile, state: LiveState, route: Route) -> int:
@@ -208,6 +240,7 @@ def followers(
     state: LiveState,
     predicted: Mapping[Route, Prediction],
     learned: Learned,
+    schedules: Mapping[Route, Schedule] = STATIC,
 ) -> dict[Route, float]:
     """What the requests that follow this one pay for where it leads them, over the
     cheapest carrier of its device (s, 0 for that carrier; none off a shared device).
@@ -239,7 +272,8 @@ def followers(
         batch = max(round(load) + 1, 1)
         life = {
             r: route_of(profile, r).ttft.at(prompt)
-            + _carry(profile, r, coming, batch, learned) * max(output - 1.0, 0.0)
+            + _carry(profile, r, coming, batch, learned, schedules.get(r, ()))
+            * max(output - 1.0, 0.0)
             for r in members
         }
         best = min(life.values())
@@ -253,18 +287,21 @@ def _carry(
     mix: Mapping[Workload, float],
     total: int,
     learned: Learned,
+    schedule: Schedule = (),
 ) -> float:
     """Seconds per token of each sequence with `route` carrying the whole batch alone,
     the prefill of the prompts that arrive meanwhile included on a measured profile
-    (one per request per life); each workload's acceptance at its posterior mean."""
+    (one per request per life); each workload's acceptance at its posterior mean, at the
+    K the batch gives (a dynamic route's schedule)."""
     rp = route_of(profile, route)
+    drafts = _drafts(rp, schedule, total)
     step = rp.step.at(total) * learned.drift(route)
     # Weighed by the tokens each workload generates: a sequence's decode lasts its
     # tokens / tau steps, so a long answer's acceptance counts for its length.
     weights = learned.traffic.output_weights(mix)
     per_token = 0.0
     for workload, weight in weights.items():
-        per_token += weight / _tau(rp, learned.workload_rate(route, workload))
+        per_token += weight / _tau(rp, learned.workload_rate(route, workload), drafts)
     decode = step * per_token / sum(weights.values())
     if profile.source == "prior":  # its first-token curve is a guess, as in price
         return decode

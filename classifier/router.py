@@ -42,7 +42,7 @@ from classifier.output_length import OutputLengthModel
 from classifier.persistence import LearnedState, dump_state, parse_state
 from classifier.picker import PROFILED_REASONS, cheapest, thompson
 from classifier.profile import EngineProfile
-from classifier.speculation import acceptance_rate
+from classifier.speculation import Schedule, acceptance_rate, alpha_from_rate
 from classifier.targets import pick as aim
 from classifier.traffic import Traffic
 from classifier.types import TWO_ROUTES, Decision, FinishedRequest, LiveState, Route, RouteSpec
@@ -131,6 +131,7 @@ class ProfiledPolicy:
         "_prior",
         "_profile",
         "_routes",
+        "_schedules",
         "_traffic",
     )
 
@@ -149,6 +150,10 @@ class ProfiledPolicy:
         self._config = config
         self._guards = guards
         self._routes = {r.name: r for r in routes}
+        # The dynamic-speculation routes' K per batch size (none: every route static).
+        self._schedules: dict[Route, Schedule] = {
+            r.name: r.k_by_batch for r in routes if r.k_by_batch
+        }
         self._prior = prior_profile(routes)
         self._profile: EngineProfile | None = None
         self._acceptance = Acceptance(
@@ -223,10 +228,12 @@ class ProfiledPolicy:
         left = candidates(profile, state, self._guards)
         beliefs = self._beliefs(left, features)
         rho = {r: acceptance_rate(b.mean, k) for r, (b, k) in beliefs.items()}
+        dynamic = self._schedules
         predicted = {
-            r: price(profile, features, state, r, rho.get(r, 0.0), learned) for r in left.routes
+            r: price(profile, features, state, r, rho.get(r, 0.0), learned, schedules=dynamic)
+            for r in left.routes
         }
-        lead = followers(profile, features, state, predicted, learned)
+        lead = followers(profile, features, state, predicted, learned, dynamic)
         cost = {r: predicted[r].cost_s + lead.get(r, 0.0) for r in left.routes}
         regret = self._config.explore_max_regret
         aimed = aim(left.choice, predicted, cost, features.targets, regret)
@@ -236,7 +243,9 @@ class ProfiledPolicy:
         if rng is not None and pick.explorable and len(aimed.allowed) > 1:
             drawn = {r: acceptance_rate(b.sample(rng), k) for r, (b, k) in beliefs.items()}
             sampled = {
-                r: price(profile, features, state, r, drawn.get(r, 0.0), learned).cost_s
+                r: price(
+                    profile, features, state, r, drawn.get(r, 0.0), learned, schedules=dynamic
+                ).cost_s
                 + lead.get(r, 0.0)
                 for r in aimed.allowed
             }
@@ -260,6 +269,8 @@ class ProfiledPolicy:
             why["followers_s"] = _rounded(lead, 6)
         tokens = {r: predicted[r].tokens_per_step for r in left.speculative}
         why["tokens_per_step"] = _rounded(tokens, 3)
+        if dynamic:  # the K each speculative route proposes at the batch it would join
+            why["k"] = {r.value: predicted[r].k for r in left.speculative}
         reason = pick.reason(left, profiled=profile.source != "prior")
         return Decision(pick.route, reason, {r: p.e2e_s for r, p in predicted.items()}, why)
 
@@ -278,7 +289,15 @@ class ProfiledPolicy:
         """Predicted seconds, send to last byte, on each route (the posterior mean)."""
         profile, learned = self._active(), self._learned()
         return {
-            r: price(profile, f, state, r, self._acceptance.rate(r, f), learned).e2e_s
+            r: price(
+                profile,
+                f,
+                state,
+                r,
+                self._acceptance.rate(r, f),
+                learned,
+                schedules=self._schedules,
+            ).e2e_s
             for r in routes_of(profile)
         }
 
@@ -306,20 +325,46 @@ class ProfiledPolicy:
         speculative = route_of(profile, route).speculative
         acceptance = outcome.acceptance
         if speculative and acceptance is not None and math.isfinite(acceptance):
-            rho = min(1.0, max(0.0, acceptance))
-            self._acceptance.observe(route, f, rho, per_seq)
+            measured: float | None = min(1.0, max(0.0, acceptance))
+            if route in self._schedules:
+                measured = self._at_most_k(route, outcome.state, f, min(1.0, max(0.0, acceptance)))
+            if measured is not None:  # None: it drafted nothing there
+                rho = measured
+                self._acceptance.observe(route, f, rho, per_seq)
         self._outputs.observe(f, outcome.completion_tokens)
         load = sum(s.load for s in outcome.state.servers.values()) + max(f.n, 1)
         self._traffic.observe(f.workload, f.prompt_tokens, per_seq, load)
         self._count_failure(route, f.workload, failed=False)
         learned = self._learned()
-        explained = price(profile, f, outcome.state, route, rho, learned, output_tokens=per_seq)
+        explained = price(
+            profile,
+            f,
+            outcome.state,
+            route,
+            rho,
+            learned,
+            output_tokens=per_seq,
+            schedules=self._schedules,
+        )
         if outcome.predicted_s is not None and math.isfinite(outcome.predicted_s):
             errors = self._errors.setdefault(route, PredictionErrors())
             errors.count += 1
             errors.as_sent += abs(outcome.predicted_s - outcome.duration_s) / outcome.duration_s
             errors.given_length += abs(explained.e2e_s - outcome.duration_s) / outcome.duration_s
         self._drift.learn(route, outcome, explained)
+
+    def _at_most_k(
+        self, route: Route, state: LiveState, f: RequestFeatures, rho: float
+    ) -> float | None:
+        """A dynamic route's measured rate (accepted drafts per step / its most k) as the
+        rate at that k of the a it shows at the K its batch gave; None where that K is 0
+        (it drafted nothing: no measure of a)."""
+        spec, here = self._routes[route], state.of(route)
+        drafts = spec.k_at(min(here.load + max(f.n, 1), here.capacity or math.inf))
+        if drafts <= 0:
+            return None
+        a = alpha_from_rate(min(1.0, rho * spec.k / drafts), drafts)
+        return acceptance_rate(a, spec.k)
 
     def learn_failure(self, route: Route, features: RequestFeatures) -> None:
         """An answer the route failed (an error status or a stream that broke)."""

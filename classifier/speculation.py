@@ -9,6 +9,10 @@ tokens, which for the same a is smaller (a=0.8, k=4 gives 0.59). The two are
 converted here, in one place, so the rest of the classifier never mixes them.
 
 These run on the decision path, so they are closed forms (one pow), no numpy.
+
+A dynamic-speculation server (vLLM's `num_speculative_tokens_per_batch_size` in
+--speculative-config) proposes K drafts by its batch size, every step: parse_schedule
+reads the key as vLLM validates it, k_at looks K up as vLLM's scheduler does.
 """
 
 from __future__ import annotations
@@ -16,11 +20,18 @@ from __future__ import annotations
 import math
 
 __all__ = [
+    "Schedule",
     "acceptance_rate",
     "alpha_from_rate",
     "decode_speedup",
     "expected_tokens_per_step",
+    "k_at",
+    "parse_schedule",
 ]
+
+# vLLM's num_speculative_tokens_per_batch_size: inclusive batch-size ranges and their K,
+# [(range_start, range_end, K), ...], sorted by start.
+Schedule = tuple[tuple[int, int, int], ...]
 
 # Within this distance of 1 the closed form loses digits to cancellation
 # (1 - a^(k+1) and 1 - a both vanish), so the sum is added up term by term.
@@ -78,3 +89,73 @@ def alpha_from_rate(rate: float, k: int) -> float:
         else:
             hi = mid
     return 0.5 * (lo + hi)
+
+
+def _as_int(value: object) -> int:
+    """An int as pydantic's lax mode reads one (vLLM's config is a pydantic dataclass)."""
+    if isinstance(value, bool | int):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"num_speculative_tokens_per_batch_size: {value!r} is not an integer")
+
+
+def parse_schedule(raw: object) -> Schedule:
+    """Validate and sort a schedule (vLLM 0.32's validate_and_normalize_dynamic_sd_schedule):
+    3-item entries, starts and ends > 0, start <= end, K >= 0, no overlap, the first
+    starting at 1. An empty list is returned as is: vLLM accepts it and runs static K."""
+    if isinstance(raw, tuple):
+        raw = list(raw)
+    if not isinstance(raw, list):
+        raise ValueError(
+            "num_speculative_tokens_per_batch_size must be a non-empty list of "
+            "(range_start, range_end, num_speculative_tokens) entries."
+        )
+    parsed: list[tuple[int, int, int]] = []
+    for entry in raw:
+        if not isinstance(entry, list | tuple) or len(entry) != 3:
+            raise ValueError(
+                "Each num_speculative_tokens_per_batch_size entry must be a "
+                "3-item sequence: (range_start, range_end, num_speculative_tokens)."
+            )
+        start, end, k = (_as_int(v) for v in entry)
+        if start <= 0 or end <= 0:
+            raise ValueError(f"Batch-size range ({start}, {end}) must be positive.")
+        if start > end:
+            raise ValueError(f"Batch-size range start must be <= end for ({start}, {end}, {k}).")
+        if k < 0:
+            raise ValueError("num_speculative_tokens_per_batch_size values must be >= 0.")
+        parsed.append((start, end, k))
+    parsed.sort(key=lambda e: e[0])
+    previous_end = 0
+    for start, end, _ in parsed:
+        if start <= previous_end:
+            raise ValueError("Batch-size ranges must be non-overlapping and sorted.")
+        previous_end = end
+    if parsed and parsed[0][0] != 1:
+        raise ValueError(
+            "The first batch-size range must start at 1 so every runtime "
+            "batch size has a defined schedule."
+        )
+    return tuple(parsed)
+
+
+def k_at(schedule: Schedule, batch: float, k: int) -> int:
+    """The K a server of most k drafts proposes at this batch size (vLLM's dense lookup,
+    build_dynamic_sd_schedule_lookup): the range's K, clamped to k; in a gap between
+    ranges the range's before it, past the last range the last one's; an empty schedule
+    (static speculation) k. A batch under 1 is a batch of 1."""
+    if not schedule:
+        return k
+    size = max(int(batch), 1)
+    found = schedule[0][2]
+    for start, _, drafts in schedule:
+        if start > size:
+            break
+        found = drafts
+    return min(found, k)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from classifier.features import RequestFeatures, Workload
+from classifier.speculation import Schedule, k_at
 
 if TYPE_CHECKING:
     from classifier.profile import EngineProfile
@@ -78,7 +79,9 @@ class RouteSpec:
     "mtp", ...; "none" without speculation); k: its num_speculative_tokens (0: none);
     draft_cost_ratio: one draft token's cost over one target step, used only by the
     built-in prior before the profile measures the route; device: the device its server
-    runs on as configured ("": not said, every route shares one).
+    runs on as configured ("": not said, every route shares one); k_by_batch: a dynamic
+    server's K per batch size (vLLM's num_speculative_tokens_per_batch_size, k its most;
+    (): static k).
     """
 
     name: Route
@@ -86,6 +89,7 @@ class RouteSpec:
     method: str = "none"
     draft_cost_ratio: float = 0.0
     device: str = ""
+    k_by_batch: Schedule = ()
 
     def __post_init__(self) -> None:
         if not ROUTE_NAME.match(self.name):
@@ -94,10 +98,16 @@ class RouteSpec:
             raise ValueError(f"route {self.name}: k={self.k} with method {self.method!r}")
         if not 0.0 <= self.draft_cost_ratio <= 10.0:
             raise ValueError(f"route {self.name}: draft_cost_ratio out of [0, 10]")
+        if self.k_by_batch and (self.k == 0 or max(e[2] for e in self.k_by_batch) > self.k):
+            raise ValueError(f"route {self.name}: a K by batch size above k={self.k}")
 
     @property
     def speculative(self) -> bool:
         return self.k > 0
+
+    def k_at(self, batch: float) -> int:
+        """The drafts it proposes per step at this batch size."""
+        return k_at(self.k_by_batch, batch, self.k)
 
 
 def two_routes(

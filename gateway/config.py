@@ -32,6 +32,7 @@ from classifier.features import FeatureOptions
 from classifier.guards import GuardsConfig
 from classifier.router import RouterConfig
 from classifier.rules import RulesConfig
+from classifier.speculation import Schedule, parse_schedule
 from classifier.types import ROUTE_NAME, Route, RouteSpec
 from gateway.addresses import BASE_URL, HOST, base_url, schema_pattern, server_key, url_problem
 
@@ -121,6 +122,11 @@ class RouteConfig(BackendConfig):
     method: str = "none"
     # k proposed tokens per step: tokens per step = 1 + k x acceptance (0 with "none").
     num_speculative_tokens: int = 0
+    # A dynamic-speculation server: its K per batch size, as vLLM's --speculative-config
+    # num_speculative_tokens_per_batch_size: [[range_start, range_end, K], ...], inclusive
+    # ranges of the batch size from 1, K from 0 (no drafts) to num_speculative_tokens.
+    # Unset or []: static k.
+    num_speculative_tokens_per_batch_size: Schedule = ()
     # One draft token's cost / one target step; only the unprofiled prior uses it
     # (the profile measures each route's step itself). n-gram: about 0.
     draft_cost_ratio: float = 0.0
@@ -137,7 +143,8 @@ class RouteConfig(BackendConfig):
     def spec(self, name: Route) -> RouteSpec:
         """What a policy knows of this route before its profile."""
         k, method, cost = self.num_speculative_tokens, self.method, self.draft_cost_ratio
-        return RouteSpec(name, k, method, cost, self.device)
+        schedule = parse_schedule(self.num_speculative_tokens_per_batch_size)
+        return RouteSpec(name, k, method, cost, self.device, schedule)
 
 
 class Pairing(enum.StrEnum):
@@ -346,6 +353,9 @@ class _Range:
 
 
 _SHARE, _DRAFT, _AT_LEAST_0, _AT_LEAST_1 = _Range(0, 1), _Range(0, 10), _Range(0), _Range(1)
+# A K schedule's rules between its values (the schema cannot state them): what its
+# problems say.
+SCHEDULE_ACROSS = "want ranges from 1, each start <= end, none overlapping, K <= k"
 # A latency target in ms: above 0, at most an hour (the headers' bound too).
 MAX_TARGET_MS = 3_600_000.0
 _TARGET_MS = _Range(0, MAX_TARGET_MS, low_open=True)
@@ -649,10 +659,34 @@ def _table_problems(obj: Any, path: str) -> Iterator[str]:
                 f"{key('num_speculative_tokens')} = {k} with {key('method')} = {method!r}:"
                 ' a route speculates (k >= 1, a method) or not (k = 0, "none")'
             )
+    if isinstance(obj, RouteConfig) and obj.num_speculative_tokens_per_batch_size:
+        yield from _schedule_problems(obj, key("num_speculative_tokens_per_batch_size"))
     if isinstance(obj, OutcomeLogConfig) and obj.path:
         yield from _log_path_problems(key("path"), obj.path)
     if isinstance(obj, LatencyTargetConfig) and obj.ttft_ms is None and obj.tpot_ms is None:
         yield f"[{path}] sets no target: want ttft_ms, tpot_ms or both"
+
+
+def _schedule_problems(route: RouteConfig, key: str) -> Iterator[str]:
+    """A K schedule as vLLM reads it, its K at most the route's num_speculative_tokens,
+    and only on a route that speculates. The schema states the entries' form and signs;
+    their order and the K's bound are checks between values (SCHEDULE_ACROSS)."""
+    schedule = route.num_speculative_tokens_per_batch_size
+    if route.num_speculative_tokens == 0:
+        yield f"{key}: a route without speculation proposes no K"
+        return
+    bad = [e for e in schedule if min(e[0], e[1]) < 1 or e[2] < 0]
+    if bad:
+        yield f"{key}: want batch sizes >= 1 and K >= 0 in each entry, got {list(bad[0])}"
+        return
+    try:
+        parse_schedule(schedule)
+    except ValueError as exc:
+        yield f"{key}: {SCHEDULE_ACROSS} ({exc})"
+        return
+    k = route.num_speculative_tokens
+    if max(e[2] for e in schedule) > k:
+        yield f"{key}: {SCHEDULE_ACROSS} (a K above num_speculative_tokens = {k}, its most)"
 
 
 def _log_path_problems(key: str, path: str) -> Iterator[str]:
@@ -775,10 +809,13 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
             allowed = " or ".join(_describe(m) for m in members)
             raise ConfigError(f"{key} must be {allowed}, got {value!r}") from None
     if origin is tuple:
-        (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+        args = typing.get_args(hint)
+        (item,) = {a for a in args if a is not Ellipsis}
         if isinstance(value, str):  # `urls = "http://..."`: say how to write the list
             leaf = key.rsplit(".", 1)[-1]
             raise ConfigError(f"{key} must be a list, not a string: {leaf} = [{json.dumps(value)}]")
+        if Ellipsis not in args and not (isinstance(value, list) and len(value) == len(args)):
+            raise ConfigError(f"{key} must be lists of {len(args)} items, got {value!r}")
         if not isinstance(value, list):
             raise ConfigError(f"{key} must be a list")
         items = [_convert(item, v, key, problems) for v in value]
@@ -917,6 +954,8 @@ def _object_schema(cls: type[Any]) -> dict[str, Any]:
             prop |= bounds[f.name].schema()
         if f.name == "urls":
             prop["minItems"] = 1
+        if f.name == "num_speculative_tokens_per_batch_size":
+            prop["items"] |= _SCHEDULE_ENTRY
         if f.default is not dataclasses.MISSING and f.default is not None:
             default = f.default
             prop["default"] = default.value if isinstance(default, enum.Enum) else default
@@ -934,6 +973,12 @@ def _object_schema(cls: type[Any]) -> dict[str, Any]:
 
 
 _SPECULATES = {"num_speculative_tokens": {"minimum": 1}, "method": {"not": {"const": "none"}}}
+# [range_start, range_end, K]: batch sizes from 1, K from 0.
+_SCHEDULE_ENTRY = {
+    "prefixItems": [{"minimum": 1}, {"minimum": 1}, {"minimum": 0}],
+    "minItems": 3,
+    "maxItems": 3,
+}
 # The checks between keys of one table that the schema can state (a speculating route
 # and one that is not; the two ways of naming the servers), beside the key-by-key ones.
 _ACROSS_KEYS: dict[type[Any], dict[str, Any]] = {
@@ -941,7 +986,13 @@ _ACROSS_KEYS: dict[type[Any], dict[str, Any]] = {
     SpeculativeBackendConfig: {"allOf": [{"properties": {"method": _SPECULATES["method"]}}]},
     RouteConfig: {
         "anyOf": [
-            {"properties": {"num_speculative_tokens": {"const": 0}, "method": {"const": "none"}}},
+            {
+                "properties": {
+                    "num_speculative_tokens": {"const": 0},
+                    "method": {"const": "none"},
+                    "num_speculative_tokens_per_batch_size": {"maxItems": 0},
+                }
+            },
             {"required": ["num_speculative_tokens", "method"], "properties": _SPECULATES},
         ]
     },

@@ -718,6 +718,73 @@ def test_bad_routes_fail_with_the_route_named(raw: dict[str, Any], message: str)
     assert message in str(exc.value)
 
 
+def _dynamic(schedule: object, k: int = 4, method: str = "eagle") -> dict[str, Any]:
+    table = {"urls": ["http://d:1"], "method": method, "num_speculative_tokens": k}
+    return {
+        "routes": {**THREE, "dyn": {**table, "num_speculative_tokens_per_batch_size": schedule}}
+    }
+
+
+def test_a_dynamic_route_takes_vllms_schedule_and_the_policy_its_k_by_batch() -> None:
+    """vLLM's own key and shape ([range_start, range_end, K], inclusive; sorted as vLLM
+    sorts it); [] is static, as vLLM's scheduler takes it."""
+    config = parse_config(_dynamic([[17, 256, 0], [1, 4, 4], [5, 16, 2]]))
+    spec = config.route_specs[-1]
+    assert spec.k == 4 and spec.k_by_batch == ((1, 4, 4), (5, 16, 2), (17, 256, 0))
+    assert [spec.k_at(b) for b in (1, 4, 5, 16, 17, 300)] == [4, 4, 2, 2, 0, 0]
+    assert parse_config(_dynamic([])).route_specs[-1].k_by_batch == ()
+    assert all(s.k_by_batch == () for s in parse_config({"routes": THREE}).route_specs)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (_dynamic([[1, 4, 5]]), "K <= k (a K above num_speculative_tokens = 4, its most)"),
+        (_dynamic([[2, 8, 1]]), "The first batch-size range must start at 1"),
+        (_dynamic([[1, 8, 2], [4, 9, 1]]), "must be non-overlapping"),
+        (_dynamic([[1, 8, 2], [9, 7, 1]]), "start must be <= end"),
+        (_dynamic([[0, 8, 2]]), "want batch sizes >= 1 and K >= 0 in each entry, got [0, 8, 2]"),
+        (_dynamic([[1, 8, -1]]), "got [1, 8, -1]"),
+        (_dynamic([[1, 8]]), "must be lists of 3 items, got [1, 8]"),
+        (_dynamic([4, 2]), "must be lists of 3 items, got 4"),
+        (_dynamic([[1, 8, 1.5]]), "must be an integer, got 1.5"),
+        (_dynamic({"1": 4}), "num_speculative_tokens_per_batch_size must be a list"),
+        (_dynamic([[1, 8, 0]], 0, "none"), "a route without speculation proposes no K"),
+        (
+            {
+                "backends": {
+                    **BACKENDS,
+                    "speculative": {
+                        **BACKENDS["speculative"],
+                        "num_speculative_tokens_per_batch_size": [[1, 8, 2]],
+                    },
+                }
+            },
+            "unknown key 'backends.speculative.num_speculative_tokens_per_batch_size'",
+        ),
+        (
+            _dynamic([[1, 8, 2]])
+            | {
+                "routes": {
+                    **THREE,
+                    "dyn": {
+                        "urls": ["http://d:1"],
+                        "method": "eagle",
+                        "num_speculative_tokens": 4,
+                        "num_speculative_token_per_batch_size": [],
+                    },
+                }
+            },
+            "did you mean 'routes.dyn.num_speculative_tokens_per_batch_size'",
+        ),
+    ],
+)
+def test_a_bad_k_schedule_is_refused_naming_the_rule(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw)
+    assert message in str(exc.value)
+
+
 def test_routes_say_which_share_a_device_and_the_profile_is_told() -> None:
     devices = {"none": "core1", "ngram-k2": "core1", "ngram-k4": "core0"}
     config = parse_config(

@@ -40,6 +40,7 @@ ACROSS_KEYS = (
     "device: set on every route or on none",
     '"by-index" groups',
     "a server listed twice",
+    config.SCHEDULE_ACROSS,  # a K schedule's order and its K against num_speculative_tokens
 )
 # JSON's numbers do not tell 1.0 from 1, so a schema's integer takes 1.0; TOML's do.
 INTEGRAL_FLOAT = re.compile(r"must be an integer, got -?[0-9]+\.0$")
@@ -101,8 +102,20 @@ numbers = st.one_of(
     st.floats(min_value=-3, max_value=70_000, allow_nan=False, allow_infinity=False),
     st.sampled_from([0, 0.0, 0.5, 1, 1.0, 1.5, 2, 10, 10.5, 65535, 65536, 2**70]),
 )
+# A K schedule's entries, [range_start, range_end, K], and near misses.
+schedules = st.lists(
+    st.one_of(
+        st.lists(st.integers(min_value=-1, max_value=9), min_size=2, max_size=4),
+        st.lists(st.one_of(numbers, st.booleans()), min_size=3, max_size=3),
+    ),
+    max_size=3,
+)
 values = st.one_of(
-    st.booleans(), numbers, strings, st.lists(st.one_of(urls, strings, numbers), max_size=3)
+    st.booleans(),
+    numbers,
+    strings,
+    st.lists(st.one_of(urls, strings, numbers), max_size=3),
+    schedules,
 )
 
 
@@ -143,6 +156,24 @@ def _assert_agree(raw: dict[str, Any]) -> None:
 @example(key="routes.ngram-k2.urls", value=["http://127.0.0.1:99999"], form="routes")
 @example(key="routes.ngram-k2.urls", value=["http://u:pw@a:1/v1"], form="routes")
 @example(key="server.host", value="h\n", form="routes")
+@example(
+    key="routes.ngram-k2.num_speculative_tokens_per_batch_size",
+    value=[[1, 8, 2], [9, 64, 0]],
+    form="routes",
+)
+@example(
+    key="routes.ngram-k2.num_speculative_tokens_per_batch_size", value=[[1, 8, 3]], form="routes"
+)
+@example(
+    key="routes.ngram-k2.num_speculative_tokens_per_batch_size",
+    value=[[1, 8, 2], [4, 9, 1]],
+    form="routes",
+)
+@example(
+    key="routes.ngram-k2.num_speculative_tokens_per_batch_size", value=[[1, 0, 2]], form="routes"
+)
+@example(key="routes.ngram-k2.num_speculative_tokens_per_batch_size", value=[[1, 8]], form="routes")
+@example(key="routes.none.num_speculative_tokens_per_batch_size", value=[[1, 8, 0]], form="routes")
 def test_any_value_of_any_key_the_loader_refuses_the_schema_refuses(
     key: str, value: Any, form: str
 ) -> None:
