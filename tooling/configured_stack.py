@@ -74,11 +74,13 @@ def route_emulator(name: Route, route: RouteConfig, plain: EmulatorConfig) -> Em
         return plain
     try:
         drafter = drafter_for(route.method, plain.gpu_profile)
+        schedule = route.num_speculative_tokens_per_batch_size
         return replace(
             plain,
-            mode="speculative",
+            mode="dynamic" if schedule else "speculative",  # [] is static, as in vLLM
             drafter=drafter,
             num_speculative_tokens=route.num_speculative_tokens,
+            num_speculative_tokens_per_batch_size=schedule or None,
             per_request_spec_decode_metrics="summary",
         )
     except ValueError as exc:  # no such drafter; a k the emulator refuses

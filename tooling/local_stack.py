@@ -41,7 +41,7 @@ from gateway.config import Config, parse_config
 from tooling.emulator import EmulatorConfig, SharedGpu, create_emulator_app
 from tooling.emulator.config import DEFAULT_GPU_PROFILE, drafter_method
 from tooling.emulator.costs import describe_gpu, draft_cost_ratio
-from tooling.emulator.dynamic import Schedule
+from tooling.emulator.dynamic import DEFAULT_SCHEDULE, Schedule, schedule_from_json
 
 MODEL = "emulated-model"
 
@@ -191,36 +191,56 @@ async def local_stack(
 @dataclass(frozen=True, slots=True)
 class EmulatedRoute:
     """One route of an emulated N-route stack: `none`, or DRAFTER:K (eagle3:3 is route
-    "eagle3-k3": an EAGLE-3 head proposing 3 tokens a step)."""
+    "eagle3-k3": an EAGLE-3 head proposing 3 tokens a step), or a dynamic-speculation
+    server DRAFTER:K@SCHEDULE, SCHEDULE vLLM's num_speculative_tokens_per_batch_size in
+    JSON or `dynamic` (the emulator's default, its K at most K): route "eagle3-k4-dynamic"."""
 
     drafter: str | None  # None: no speculation
     k: int = 0
+    schedule: Schedule = ()  # a dynamic server's K per batch size; (): static k
 
     @property
     def name(self) -> str:
-        return "none" if self.drafter is None else f"{self.drafter}-k{self.k}"
+        if self.drafter is None:
+            return "none"
+        return f"{self.drafter}-k{self.k}" + ("-dynamic" if self.schedule else "")
 
     @classmethod
     def parse(cls, text: str) -> EmulatedRoute:
         text = text.strip()
         if text == "none":
             return cls(None)
-        drafter, sep, k = text.rpartition(":")
+        static, at, schedule = text.partition("@")
+        drafter, sep, k = static.rpartition(":")
         if not drafter or not sep or not k.isdigit() or int(k) < 1:
             raise ValueError(
-                f"--routes: {text!r}: want none or DRAFTER:K, DRAFTER one the GPU profile "
-                "measured and K >= 1 (e.g. eagle3:3)"
+                f"--routes: {text!r}: want none or DRAFTER:K (a dynamic server: "
+                "DRAFTER:K@SCHEDULE), DRAFTER one the GPU profile measured and K >= 1 "
+                "(e.g. eagle3:3, eagle3:4@dynamic, eagle3:4@[[1,8,4],[9,256,1]])"
             )
-        return cls(drafter, int(k))
+        if not at:
+            return cls(drafter, int(k))
+        if schedule == "dynamic":
+            return cls(
+                drafter, int(k), tuple((a, b, min(v, int(k))) for a, b, v in DEFAULT_SCHEDULE)
+            )
+        try:
+            parsed = schedule_from_json(schedule)
+        except ValueError as exc:
+            raise ValueError(f"--routes: {text!r}: {exc}") from None
+        if not parsed or max(e[2] for e in parsed) > int(k):
+            raise ValueError(f"--routes: {text!r}: want a schedule with its K at most {k}")
+        return cls(drafter, int(k), parsed)
 
     def emulator(self, plain: EmulatorConfig) -> EmulatorConfig:
         if self.drafter is None:
             return plain
         return replace(
             plain,
-            mode="speculative",
+            mode="dynamic" if self.schedule else "speculative",
             drafter=self.drafter,  # checked by EmulatorConfig against the GPU profile
             num_speculative_tokens=self.k,
+            num_speculative_tokens_per_batch_size=self.schedule or None,
             per_request_spec_decode_metrics="summary",
         )
 
@@ -232,6 +252,7 @@ class EmulatedRoute:
             "urls": [url],
             "method": drafter_method(emulator),
             "num_speculative_tokens": self.k,
+            "num_speculative_tokens_per_batch_size": [list(e) for e in self.schedule],
             "draft_cost_ratio": draft_cost_ratio(emulator),
         }
 

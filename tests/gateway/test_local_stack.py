@@ -59,3 +59,23 @@ async def test_routes_stack_wants_a_plain_route() -> None:
 def test_a_two_route_gateway_is_the_plain_route_and_one_other_or_any_two() -> None:
     assert pair_members("eagle3-k3", "none") == ("none", "eagle3-k3")
     assert pair_members("eagle3-k3+eagle3-k7", "none") == ("eagle3-k3", "eagle3-k7")
+
+
+def test_a_dynamic_emulated_route_runs_and_configures_its_schedule() -> None:
+    """DRAFTER:K@SCHEDULE (vLLM's JSON) or @dynamic (the emulator's, K at most K): its
+    server in dynamic mode, its [routes.NAME] with the same num_speculative_tokens_per_batch_size."""
+    from tooling.bench.cli import emulated_routes
+
+    routes = emulated_routes("none,eagle3:4@[[1,4,4],[5,16,2],[17,256,0]],draft-1b:2@dynamic")
+    assert [r.name for r in routes] == ["none", "eagle3-k4-dynamic", "draft-1b-k2-dynamic"]
+    assert routes[1].schedule == ((1, 4, 4), (5, 16, 2), (17, 256, 0))
+    assert max(e[2] for e in routes[2].schedule) == 2
+    plain = EmulatorConfig(mode="baseline", model=MODEL)
+    emulators = {r.name: r.emulator(plain) for r in routes}
+    assert emulators["eagle3-k4-dynamic"].mode == "dynamic"
+    assert emulators["eagle3-k4-dynamic"].k_by_batch_size()[4:6] == [4, 2]
+    config = routes_config(routes, {r.name: f"http://{r.name}" for r in routes}, emulators)
+    spec = config.route_specs[1]
+    assert spec.k == 4 and spec.k_by_batch == routes[1].schedule
+    with pytest.raises(ValueError, match="at most 2"):
+        EmulatedRoute.parse("eagle3:2@[[1,4,4]]")

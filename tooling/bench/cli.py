@@ -93,7 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ROUTE,ROUTE,...",
         help="with --emulate: N routes instead of the pair, each an EMULATED server on ONE "
         "GPU: none or DRAFTER:K (DRAFTER eagle3, draft-1b or ngram), e.g. "
-        "none,eagle3:3,eagle3:7,ngram:8; benched alone (target route:NAME, NAME e.g. "
+        "none,eagle3:3,eagle3:7,ngram:8, or a dynamic-speculation server DRAFTER:K@SCHEDULE "
+        "(vLLM's num_speculative_tokens_per_batch_size in JSON, or 'dynamic' for the "
+        "emulator's; route DRAFTER-kK-dynamic); benched alone (target route:NAME, NAME e.g. "
         "eagle3-k3), behind a gateway over all of them (gateway) and behind a two-route "
         "gateway of none and each other route (gateway-2:NAME)",
     )
@@ -286,7 +288,15 @@ class EmulatedStack:
 
 
 def emulated_routes(text: str) -> tuple[EmulatedRoute, ...]:
-    routes = tuple(EmulatedRoute.parse(t) for t in text.split(",") if t.strip())
+    # A comma inside a schedule's brackets (eagle3:4@[[1,8,4],[9,256,1]]) does not split.
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    routes = tuple(EmulatedRoute.parse(t) for t in items if t.strip())
     names = [r.name for r in routes]
     if len(routes) < 2 or len(set(names)) != len(names) or "none" not in names:
         raise ValueError(f"--routes: want none and one route or more, each once; got {text!r}")
