@@ -170,8 +170,7 @@ def price(
     steps = max(out - 1.0, 0.0) / tau
     drift = learned.drift(route)
     # Time-sliced: while a neighbour on its device is busy, each step takes its share.
-    near = profile.neighbours(route.value)
-    busy = [(s, o) for r, s, o in others if s.load > 0 and r.value in near]
+    busy = _busy_beside(profile, state, route)
     slowdown = me.slowdown(len(busy))
     step = me.step.at(min(batch + n, here.capacity or math.inf)) * drift * slowdown
     # A prefill is a step too, sliced alike (the emulator's SharedGpu shares every step;
@@ -211,16 +210,22 @@ def price(
                 / _tau(o, learned.rate(r, f), _drafts(o, schedules.get(r, ()), s.load + n))
                 * o.step.at(s.load + n)
             )
-            * o.slowdown(_busy_beside(profile, state, r))
+            * o.slowdown(len(_busy_beside(profile, state, r)))
             for r, s, o in others
         )
     return Prediction(e2e, e2e + added + fail * retry, tau, steps, queue + ttft, drafts)
 
 
-def _busy_beside(profile: EngineProfile, state: LiveState, route: Route) -> int:
-    """How many other routes of `route`'s device are busy now."""
+def _busy_beside(
+    profile: EngineProfile, state: LiveState, route: Route
+) -> list[tuple[BackendState, RouteProfile]]:
+    """The other routes of `route`'s device that are busy now: their state and profile."""
     near = profile.neighbours(route.value)
-    return sum(r != route and r.value in near and state.of(r).load > 0 for r in routes_of(profile))
+    return [
+        (s, route_of(profile, r))
+        for r in routes_of(profile)
+        if r.value in near and (s := state.of(r)).load > 0
+    ]
 
 
 def _queued(here: BackendState, n: int) -> float:
